@@ -1,0 +1,99 @@
+"""Training-state checkpoints: written by every rank, published atomically, resumed exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from finetune.config import ConfigError
+
+PREFIX = "checkpoint-"
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainState:
+    global_step: int = 0
+    """Optimizer updates done."""
+    epoch: int = 0
+    """Epoch in progress (0-based)."""
+    micro_batches_in_epoch: int = 0
+    """Micro-batches of `epoch` already consumed by each process; resume skips exactly these."""
+    samples_seen: int = 0
+    """Training pairs consumed, summed over processes."""
+    tokens_seen: int = 0
+    """Real (non-pad) training tokens consumed, summed over processes."""
+
+
+def complete_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Published checkpoints, oldest first. Unfinished writes live under a temporary name."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = [
+        p for p in root.glob(f"{PREFIX}*") if p.name[len(PREFIX) :].isdigit() and (p / STATE_FILE).is_file()
+    ]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
+
+
+def save_checkpoint(
+    accelerator, output_dir: str, state: TrainState, world_size: int, save_total_limit: int | None
+) -> Path:
+    """Collective: every rank must call it. Only rank 0 publishes and rotates."""
+    final = Path(output_dir) / f"{PREFIX}{state.global_step}"
+    staging = Path(output_dir) / f".{PREFIX}{state.global_step}.partial"
+    # Every rank writes its own RNG state (and, under FSDP, its shard) into the staging folder.
+    accelerator.save_state(str(staging))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        record = {**asdict(state), "world_size": world_size}
+        (staging / STATE_FILE).write_text(json.dumps(record, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        # A rename is atomic: a folder named checkpoint-N is always a complete checkpoint.
+        os.replace(staging, final)
+        if save_total_limit:
+            for old in complete_checkpoints(output_dir)[:-save_total_limit]:
+                shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
+    if resume_from_checkpoint is None:
+        return None
+    if resume_from_checkpoint == "auto":
+        found = complete_checkpoints(output_dir)
+        return found[-1] if found else None
+    path = Path(resume_from_checkpoint)
+    if not (path / STATE_FILE).is_file():
+        raise ConfigError(
+            f"--resume_from_checkpoint {path}: not a complete checkpoint (no {STATE_FILE}); "
+            f"use 'auto' to take the newest complete one in --output_dir"
+        )
+    return path
+
+
+def load_checkpoint(accelerator, path: Path, world_size: int) -> TrainState:
+    record = json.loads((path / STATE_FILE).read_text())
+    saved_world_size = record.pop("world_size")
+    if saved_world_size != world_size:
+        raise ConfigError(
+            f"--resume_from_checkpoint {path}: saved with {saved_world_size} processes, this run has "
+            f"{world_size}; exact resume needs the same number"
+        )
+    accelerator.load_state(str(path))
+    return TrainState(**record)
+
+
+def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
+    """Collective: the final model as safetensors plus its tokenizer, loadable by `pipeline`."""
+    # get_state_dict gathers shards under FSDP, so every rank takes part.
+    state_dict = accelerator.get_state_dict(model)
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(output_dir, state_dict=state_dict)
+        tokenizer.save_pretrained(output_dir)
+    accelerator.wait_for_everyone()

@@ -1,0 +1,202 @@
+"""The one place where a run's settings and their defaults live.
+
+`TrainConfig` is parsed by `HfArgumentParser`, so every field is a `--flag`, and `--config FILE.yaml`
+holds the same keys (flags given on the command line win over the file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser, SchedulerType
+
+DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
+REPORT_TO_CHOICES = ("wandb", "tensorboard", "all", "none")
+MIXED_PRECISION_CHOICES = ("auto", "no", "bf16", "fp16")
+
+
+class ConfigError(ValueError):
+    """A setting the user can fix; the message names the flag and the fix."""
+
+
+def _help(text: str, **kwargs):
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class TrainConfig:
+    # --- model and data
+    model_name_or_path: str = _help(
+        "Hub model id or local folder with config, weights and tokenizer.", default="bert-base-cased"
+    )
+    dataset_name: str | None = _help(
+        "Hub dataset id; ignored when --train_file is given.", default="nyu-mll/glue"
+    )
+    dataset_config_name: str | None = _help("Hub dataset config (subset) name.", default="mnli")
+    train_file: str | None = _help(
+        "Local training file (.jsonl/.csv/.tsv with premise, hypothesis, label).", default=None
+    )
+    validation_file: str | None = _help("Local validation (matched) file, same columns.", default=None)
+    validation_mismatched_file: str | None = _help(
+        "Optional local validation-mismatched file, same columns.", default=None
+    )
+    max_length: int = _help("Longest tokenized pair in tokens; longer pairs are truncated.", default=128)
+    max_train_samples: int | None = _help("Use only the first N training rows (debugging).", default=None)
+    max_eval_samples: int | None = _help("Use only the first N rows of each evaluation set.", default=None)
+    group_by_length: bool = _help(
+        "Shuffle, then batch pairs of similar length together (far less padding).", default=True
+    )
+    # --- optimisation
+    per_device_train_batch_size: int = _help("Training pairs per micro-batch on each process.", default=32)
+    per_device_eval_batch_size: int = _help("Evaluation pairs per batch on each process.", default=64)
+    gradient_accumulation_steps: int = _help("Micro-batches summed into one optimizer step.", default=1)
+    learning_rate: float = _help("Peak AdamW learning rate.", default=2e-5)
+    weight_decay: float = _help("AdamW weight decay (never applied to biases and LayerNorm).", default=0.01)
+    max_grad_norm: float = _help("Clip the global gradient norm to this; 0 disables clipping.", default=1.0)
+    num_train_epochs: int = _help("Passes over the training data.", default=3)
+    max_train_steps: int | None = _help(
+        "Stop after this many optimizer steps (overrides epochs).", default=None
+    )
+    lr_scheduler_type: str = _help("Learning-rate schedule (transformers SchedulerType).", default="linear")
+    warmup_ratio: float = _help(
+        "Fraction of optimizer steps spent warming up the learning rate.", default=0.1
+    )
+    seed: int = _help("Seed for weights of new heads, dropout and data order.", default=42)
+    mixed_precision: str = _help(
+        "auto (bf16 where the device multiplies bf16 fast, else the launcher's choice), no, bf16 or fp16.",
+        default="auto",
+    )
+    # --- outputs, checkpoints, logging
+    output_dir: str = _help(
+        "Folder for the model, results.json, metrics.jsonl, checkpoints.", default="outputs/mnli"
+    )
+    overwrite_output_dir: bool = _help(
+        "Allow writing into an output_dir that holds a finished run.", default=False
+    )
+    checkpointing_steps: str | None = _help(
+        "Save full training state every N optimizer steps, or 'epoch'.", default=None
+    )
+    resume_from_checkpoint: str | None = _help(
+        "Checkpoint folder to resume from, or 'auto' for the newest complete one in output_dir.", default=None
+    )
+    save_total_limit: int | None = _help("Keep at most this many checkpoints (oldest removed).", default=None)
+    logging_steps: int = _help("Log loss, learning rate and throughput every N optimizer steps.", default=50)
+    report_to: str = _help(
+        "Tracker: wandb, tensorboard, all or none (metrics.jsonl is always written).", default="wandb"
+    )
+    project_name: str = _help("Tracker project name (the W&B project).", default="finetune-mnli")
+    dataloader_num_workers: int = _help("Worker processes feeding each training process.", default=0)
+    config: str | None = _help(
+        "YAML file holding any of these keys; command-line flags override it.", default=None
+    )
+
+    def __post_init__(self):
+        positive = (
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "gradient_accumulation_steps",
+            "num_train_epochs",
+            "max_length",
+            "logging_steps",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"--{name} must be a positive integer, got {getattr(self, name)}")
+        for name in ("max_train_steps", "max_train_samples", "max_eval_samples", "save_total_limit"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"--{name} must be a positive integer or left unset, got {value}")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"--learning_rate must be > 0, got {self.learning_rate}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ConfigError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise ConfigError("--weight_decay and --max_grad_norm must be >= 0")
+        if self.dataloader_num_workers < 0:
+            raise ConfigError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
+        if self.mixed_precision not in MIXED_PRECISION_CHOICES:
+            raise ConfigError(f"--mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}")
+        if self.report_to not in REPORT_TO_CHOICES:
+            raise ConfigError(
+                f"--report_to must be one of {', '.join(REPORT_TO_CHOICES)}, got {self.report_to!r}"
+            )
+        schedulers = [s.value for s in SchedulerType]
+        if self.lr_scheduler_type not in schedulers:
+            raise ConfigError(f"--lr_scheduler_type must be one of {', '.join(schedulers)}")
+        cs = self.checkpointing_steps
+        if cs is not None and cs != "epoch" and not (cs.isdigit() and int(cs) > 0):
+            raise ConfigError(f"--checkpointing_steps must be a positive integer or 'epoch', got {cs!r}")
+        if (self.validation_file or self.validation_mismatched_file) and not self.train_file:
+            raise ConfigError(
+                "--validation_file needs --train_file too (local files replace the Hub dataset)"
+            )
+        if self.train_file and not self.validation_file:
+            raise ConfigError("--train_file needs --validation_file too (the run is judged on it)")
+        for name in ("train_file", "validation_file", "validation_mismatched_file"):
+            path = getattr(self, name)
+            if path and Path(path).suffix.lower() not in DATA_EXTENSIONS:
+                raise ConfigError(
+                    f"--{name} {path}: unsupported extension; use one of {', '.join(DATA_EXTENSIONS)}"
+                )
+        if not self.train_file and not self.dataset_name:
+            raise ConfigError("give --train_file/--validation_file, or a Hub --dataset_name")
+
+    @property
+    def uses_local_files(self) -> bool:
+        return self.train_file is not None
+
+    @property
+    def checkpoint_every_epoch(self) -> bool:
+        return self.checkpointing_steps == "epoch"
+
+    @property
+    def checkpoint_every_n_steps(self) -> int | None:
+        cs = self.checkpointing_steps
+        return int(cs) if cs is not None and cs != "epoch" else None
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Flags, optionally on top of `--config FILE.yaml`; unknown flags or keys are an error."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # No abbreviations: `--learning_r` silently meaning `--learning_rate` hides typos.
+    parser = HfArgumentParser(TrainConfig, allow_abbrev=False)
+    known, _ = parser.parse_known_args(argv)
+    if known.config:
+        parser.set_defaults(**_read_yaml(known.config))
+    config, unknown = parser.parse_args_into_dataclasses(
+        args=argv, return_remaining_strings=True, look_for_args_file=False
+    )
+    if unknown:
+        raise ConfigError(f"unknown argument(s) {' '.join(unknown)}; see --help for the flags")
+    return config
+
+
+def _read_yaml(path: str) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror})") from None
+    try:
+        values = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"--config {path}: not valid YAML{where}; fix the syntax") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of flag names to values")
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown key(s) {', '.join(unknown)}; keys are the flag names")
+    values.pop("config", None)
+    # As strings, YAML values go through the same argparse type conversion as flags do,
+    # so `learning_rate: 2e-5` (a string to YAML 1.1) and `--learning_rate 2e-5` agree.
+    return {k: v if v is None else str(v) for k, v in values.items()}
+
+
+def to_dict(config: TrainConfig) -> dict:
+    return dataclasses.asdict(config)

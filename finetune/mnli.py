@@ -1,0 +1,106 @@
+"""Fine-tune a BERT-style model on MNLI: `accelerate launch finetune/mnli.py [--flags]`.
+
+The same script runs on CPU, one GPU, multi-GPU DDP and several nodes; the accelerate config
+chooses. `python finetune/mnli.py` and `torchrun finetune/mnli.py` work too.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    # Run as a file: import this checkout's package, and keep finetune/ itself off sys.path.
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from accelerate.utils import set_seed
+from transformers import get_scheduler
+
+from finetune.checkpoint import TrainState, export_model, load_checkpoint, resolve_resume
+from finetune.config import ConfigError, parse_config, to_dict
+from finetune.data import LABEL_NAMES, build_dataloaders, load_splits, tokenize_splits
+from finetune.loop import train
+from finetune.modeling import build_optimizer, load_model_and_tokenizer
+from finetune.runtime import build_accelerator, describe_runtime, run_summary
+from finetune.steps import plan_steps
+from finetune.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
+
+
+def main(argv: list[str] | None = None) -> dict:
+    config = parse_config(argv)
+    output_dir = Path(config.output_dir)
+    resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
+    if (output_dir / "results.json").exists() and not (config.overwrite_output_dir or resume):
+        raise ConfigError(
+            f"--output_dir {output_dir} holds a finished run (results.json); pass --overwrite_output_dir "
+            "or choose another folder"
+        )
+    trackers = trackers_for(config.report_to)
+    wandb_notice = wandb_offline_notice(trackers)
+    accelerator = build_accelerator(config, trackers)
+    world_size = accelerator.num_processes
+    set_seed(config.seed)
+
+    splits = load_splits(config)
+    model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, LABEL_NAMES, config.max_length)
+    tokenized = tokenize_splits(splits, tokenizer, config.max_length, accelerator)
+    train_loader, eval_loaders = build_dataloaders(
+        tokenized, tokenizer, config, world_size, on_gpu=accelerator.device.type == "cuda"
+    )
+    plan = plan_steps(
+        len(tokenized["train"]),
+        config.per_device_train_batch_size,
+        config.gradient_accumulation_steps,
+        world_size,
+        config.num_train_epochs,
+        config.max_train_steps,
+        config.warmup_ratio,
+    )
+    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
+    scheduler = get_scheduler(config.lr_scheduler_type, optimizer, plan.warmup_updates, plan.total_updates)
+    model, optimizer, train_loader, scheduler, *prepared = accelerator.prepare(
+        model, optimizer, train_loader, scheduler, *eval_loaders.values()
+    )
+    eval_loaders = dict(zip(eval_loaders, prepared, strict=True))
+    state = load_checkpoint(accelerator, resume, world_size) if resume else TrainState()
+
+    resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan)}
+    start_trackers(accelerator, config.project_name, resolved, output_dir)
+    log = None
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "train_config.json").write_text(json.dumps(resolved, indent=2))
+        log = MetricsLog(accelerator, config.output_dir, resuming=resume is not None)
+        if wandb_notice:
+            print(wandb_notice)
+        print(run_summary(accelerator, config, plan, resume, state.global_step))
+
+    last_eval, runtime_s, eval_runtime_s = train(
+        accelerator, model, optimizer, scheduler, train_loader, eval_loaders, plan, config, state, log
+    )
+    export_model(accelerator, model, tokenizer, config.output_dir)
+    results = {
+        **last_eval,
+        "global_step": state.global_step,
+        "epoch": last_eval.get("epoch", state.epoch),
+        "train_runtime_s": runtime_s,
+        "train_samples": state.samples_seen,
+        "train_samples_per_second": state.samples_seen / runtime_s,
+        "train_tokens_per_second": state.tokens_seen / runtime_s,
+        "eval_runtime_s": eval_runtime_s,
+        **describe_runtime(accelerator),
+    }
+    if accelerator.is_main_process:
+        (output_dir / "results.json").write_text(json.dumps(results, indent=2))
+        print(json.dumps(results, indent=2))
+        print(f"model, tokenizer, results.json, metrics.jsonl, train_config.json: {output_dir.resolve()}")
+    accelerator.end_training()
+    return results
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ConfigError as error:
+        sys.exit(f"error: {error}")

@@ -1,0 +1,41 @@
+"""Model, tokenizer and optimizer for sequence-pair classification."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from finetune.config import ConfigError
+
+
+def load_model_and_tokenizer(model_name_or_path: str, label_names: tuple[str, ...], max_length: int):
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+        model_config = AutoConfig.from_pretrained(
+            model_name_or_path,
+            num_labels=len(label_names),
+            id2label=dict(enumerate(label_names)),
+            label2id={name: i for i, name in enumerate(label_names)},
+        )
+        model = AutoModelForSequenceClassification.from_pretrained(model_name_or_path, config=model_config)
+    except OSError:
+        raise ConfigError(
+            f"--model_name_or_path {model_name_or_path}: no model there; pass a local folder "
+            "(config.json, weights, tokenizer) or a Hub id with Hub access (unset HF_HUB_OFFLINE)"
+        ) from None
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if positions is not None and max_length > positions:
+        raise ConfigError(f"--max_length {max_length} exceeds the model's {positions} positions; lower it")
+    return model, tokenizer
+
+
+def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.AdamW:
+    # Biases and LayerNorm weights (every tensor below 2-D) are not decayed: decay would only
+    # pull them towards zero, where they mean "no shift" and "no scale".
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    # One fused kernel per step instead of one per tensor; torch has it on CPU and CUDA.
+    return torch.optim.AdamW(groups, lr=learning_rate, fused=True)

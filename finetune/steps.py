@@ -1,0 +1,52 @@
+"""Step arithmetic: how many optimizer updates a run makes, for any accumulation and world size."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    micro_batches_per_epoch: int
+    """Micro-batches each process sees per epoch (every process sees the same number)."""
+    updates_per_epoch: int
+    """Optimizer steps per epoch; the last accumulation window of an epoch may be partial."""
+    total_updates: int
+    """Optimizer steps of the whole run; the LR schedule is sized in these."""
+    warmup_updates: int
+    """Optimizer steps of linear warmup."""
+    num_epochs: int
+    """Epochs the run starts (the last one may stop early at total_updates)."""
+    global_batch_size: int
+    """Pairs per optimizer step over all processes (the last window of an epoch may hold fewer)."""
+
+
+def plan_steps(
+    num_train_samples: int,
+    per_device_batch_size: int,
+    gradient_accumulation_steps: int,
+    world_size: int,
+    num_train_epochs: int,
+    max_train_steps: int | None = None,
+    warmup_ratio: float = 0.0,
+) -> StepPlan:
+    # Accelerate shards whole batches round-robin and, with even_batches, gives every process
+    # ceil(batches / world_size) of them; ceil(ceil(n/b)/w) == ceil(n/(b*w)).
+    micro = math.ceil(num_train_samples / (per_device_batch_size * world_size))
+    # accelerator.accumulate also steps at the end of the dataloader, so a partial window counts.
+    updates_per_epoch = math.ceil(micro / gradient_accumulation_steps)
+    if max_train_steps is None:
+        total = updates_per_epoch * num_train_epochs
+        epochs = num_train_epochs
+    else:
+        total = max_train_steps
+        epochs = math.ceil(max_train_steps / updates_per_epoch)
+    return StepPlan(
+        micro_batches_per_epoch=micro,
+        updates_per_epoch=updates_per_epoch,
+        total_updates=total,
+        warmup_updates=math.ceil(warmup_ratio * total),
+        num_epochs=epochs,
+        global_batch_size=per_device_batch_size * gradient_accumulation_steps * world_size,
+    )

@@ -1,0 +1,89 @@
+"""The entry point as users start it: plain python, accelerate launch, torchrun; real processes."""
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import N_VALIDATION, PYTHON, run_cli, tiny_args
+
+BIN = os.path.dirname(PYTHON)
+
+
+def results_of(output_dir):
+    return json.loads((output_dir / "results.json").read_text())
+
+
+def test_plain_python_entry_point(tiny_model_dir, nli_files, tmp_path):
+    out = tmp_path / "out"
+    done = run_cli(
+        [PYTHON, "finetune/mnli.py", *tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "4")]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert results_of(out)["global_step"] == 4
+    assert f"are in {out.resolve()}" in done.stdout
+
+
+def test_bad_flag_is_one_line_and_nonzero(tiny_model_dir, nli_files, tmp_path):
+    done = run_cli([PYTHON, "finetune/mnli.py", *tiny_args(tiny_model_dir, nli_files, tmp_path), "--lr", "1"])
+    assert done.returncode != 0
+    assert (
+        done.stderr.strip().splitlines()[-1] == "error: unknown argument(s) --lr 1; see --help for the flags"
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_accelerate_launch_with_the_cpu_config(tiny_model_dir, nli_files, tmp_path):
+    out = tmp_path / "out"
+    launcher = [os.path.join(BIN, "accelerate"), "launch", "--config_file", "accelerate_configs/cpu.yaml"]
+    done = run_cli(
+        [*launcher, "finetune/mnli.py", *tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "4")]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert results_of(out)["world_size"] == 1
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        ["torchrun", "--nproc_per_node", "2"],
+        ["accelerate", "launch", "--multi_gpu", "--num_processes", "2"],
+        ["accelerate", "launch", "--config_file", "accelerate_configs/cpu_multiprocess.yaml"],
+    ],
+    ids=["torchrun", "accelerate-multi_gpu", "accelerate-config"],
+)
+def test_two_processes_train_together(launcher, tiny_model_dir, nli_files, tmp_path):
+    """2 ranks over gloo: one world of 2, each validation row counted once, rank 0 writes alone."""
+    out = tmp_path / "out"
+    command = [os.path.join(BIN, launcher[0]), *launcher[1:], "finetune/mnli.py"]
+    done = run_cli([*command, *tiny_args(tiny_model_dir, nli_files, out)], env={"MASTER_PORT": "29531"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = results_of(out)
+    assert results["world_size"] == 2
+    assert results["eval_matched_samples"] == N_VALIDATION  # 151 rows over 2 ranks x 64: padding dropped
+    assert results["global_step"] == 19  # ceil(600 / (16 * 2))
+    assert done.stdout.count("world_size=2") == 1  # the start-up summary comes from rank 0 only
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 5  # steps 5, 10, 15, 19 + one eval
+
+
+def test_wandb_without_api_key_goes_offline_with_a_notice(tiny_model_dir, nli_files, tmp_path):
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2")
+    args[args.index("--report_to") + 1] = "wandb"
+    env = {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": str(tmp_path / "none")}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    done = run_cli([PYTHON, "finetune/mnli.py", *args], env={**clean, **env, "WANDB_SILENT": "true"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "W&B: no API key configured, logging offline" in done.stdout
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+
+
+def test_demo_data_module_is_runnable(tmp_path):
+    done = run_cli(
+        [PYTHON, "-m", "finetune.demo_data", str(tmp_path), "--n_train", "30", "--n_validation", "9"]
+    )
+    assert done.returncode == 0, done.stderr
+    lines = (tmp_path / "train.jsonl").read_text().splitlines()
+    assert len(lines) == 30 and {json.loads(x)["label"] for x in lines} == {0, 1, 2}

@@ -1,0 +1,105 @@
+import dataclasses
+
+import pytest
+
+from finetune.config import ConfigError, TrainConfig, parse_config
+
+FLAGS = [
+    "--model_name_or_path", "some/model",
+    "--train_file", "train.jsonl",
+    "--validation_file", "dev.csv",
+    "--per_device_train_batch_size", "16",
+    "--gradient_accumulation_steps", "2",
+    "--learning_rate", "3e-5",
+    "--num_train_epochs", "2",
+    "--checkpointing_steps", "100",
+    "--overwrite_output_dir", "true",
+    "--report_to", "none",
+]  # fmt: skip
+
+YAML = """
+model_name_or_path: some/model
+train_file: train.jsonl
+validation_file: dev.csv
+per_device_train_batch_size: 16
+gradient_accumulation_steps: 2
+learning_rate: 3e-5
+num_train_epochs: 2
+checkpointing_steps: 100
+overwrite_output_dir: true
+report_to: none
+"""
+
+
+def test_yaml_and_flags_give_the_same_config(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(YAML)
+    from_flags = dataclasses.asdict(parse_config(FLAGS))
+    from_yaml = dataclasses.asdict(parse_config(["--config", str(path)]))
+    from_yaml.pop("config")
+    from_flags.pop("config")
+    assert from_yaml == from_flags
+    assert from_yaml["learning_rate"] == 3e-5 and isinstance(from_yaml["per_device_train_batch_size"], int)
+
+
+def test_flags_override_yaml(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(YAML)
+    config = parse_config(["--config", str(path), "--learning_rate", "1e-4"])
+    assert config.learning_rate == 1e-4
+    assert config.per_device_train_batch_size == 16
+
+
+def test_defaults_are_the_real_mnli_recipe():
+    config = parse_config([])
+    assert (config.model_name_or_path, config.dataset_name, config.dataset_config_name) == (
+        "bert-base-cased",
+        "nyu-mll/glue",
+        "mnli",
+    )
+    assert (config.num_train_epochs, config.learning_rate, config.per_device_train_batch_size) == (
+        3,
+        2e-5,
+        32,
+    )
+    assert config.max_length == 128
+
+
+@pytest.mark.parametrize("flag", ["--learning_rte", "--learning_r"])  # typos, and no abbreviations
+def test_unknown_flag_is_an_error(flag):
+    with pytest.raises(ConfigError, match=f"unknown argument.*{flag}"):
+        parse_config([flag, "1e-4"])
+
+
+def test_unknown_yaml_key_names_the_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rte: 1e-4\n")
+    with pytest.raises(ConfigError, match="learning_rte"):
+        parse_config(["--config", str(path)])
+
+
+def test_unparsable_yaml_names_the_file(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("learning_rate: [1e-4\n")
+    with pytest.raises(ConfigError, match="broken.yaml.*not valid YAML"):
+        parse_config(["--config", str(path)])
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag"),
+    [
+        ("per_device_train_batch_size", 0, "--per_device_train_batch_size"),
+        ("gradient_accumulation_steps", -1, "--gradient_accumulation_steps"),
+        ("num_train_epochs", 0, "--num_train_epochs"),
+        ("learning_rate", 0.0, "--learning_rate"),
+        ("max_train_samples", 0, "--max_train_samples"),
+        ("checkpointing_steps", "often", "--checkpointing_steps"),
+        ("report_to", "comet", "--report_to"),
+        ("mixed_precision", "fp8", "--mixed_precision"),
+        ("train_file", "data.parquet", "--train_file"),
+    ],
+)
+def test_bad_values_name_the_flag(field, value, flag):
+    kwargs = {"train_file": "t.jsonl", "validation_file": "v.jsonl", field: value}
+    with pytest.raises(ConfigError, match=flag):
+        TrainConfig(**kwargs)

@@ -1,0 +1,120 @@
+import csv
+import json
+
+import pytest
+from accelerate import Accelerator
+
+from finetune.config import ConfigError, TrainConfig
+from finetune.data import LABEL_NAMES, LengthGroupedSampler, load_splits
+
+ROWS = [
+    {"premise": "A man plays a guitar.", "hypothesis": "A person makes music.", "label": 0},
+    {"premise": "A man plays a guitar.", "hypothesis": "He plays for money.", "label": 1},
+    {"premise": "A man plays a guitar.", "hypothesis": "The man is asleep.", "label": 2},
+    {"premise": 'A "quoted" sign, half open.', "hypothesis": "A sign is there.", "label": 0},
+]
+
+
+def write(path, rows, label_as_word=False):
+    rows = [{**r, "label": LABEL_NAMES[r["label"]] if label_as_word else r["label"]} for r in rows]
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif path.suffix == ".tsv":  # as GLUE writes them: tab-separated, quotes are plain text
+        lines = ["\t".join(rows[0])] + ["\t".join(str(v) for v in r.values()) for r in rows]
+        path.write_text("\n".join(lines) + "\n")
+    else:
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    return path
+
+
+def config_for(train, validation, **kwargs) -> TrainConfig:
+    return TrainConfig(train_file=str(train), validation_file=str(validation), **kwargs)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv", ".tsv"])
+@pytest.mark.parametrize("label_as_word", [False, True])
+def test_every_format_and_label_spelling_loads_the_same(tmp_path, suffix, label_as_word):
+    path = write(tmp_path / f"rows{suffix}", ROWS, label_as_word)
+    splits = load_splits(config_for(path, path))
+    train = splits["train"]
+    assert train["label"] == [0, 1, 2, 0]
+    assert train["premise"] == [r["premise"] for r in ROWS]
+    assert train["hypothesis"] == [r["hypothesis"] for r in ROWS]
+
+
+def test_labels_outside_the_label_set_are_reported_with_a_row(tmp_path):
+    rows = [*ROWS, {"premise": "p", "hypothesis": "h", "label": 3}]
+    path = write(tmp_path / "bad.jsonl", rows)
+    with pytest.raises(ConfigError, match=r"bad.jsonl: label value\(s\) 3 \(first at row 4\)"):
+        load_splits(config_for(path, path))
+
+
+def test_missing_columns_lists_what_was_found(tmp_path):
+    path = tmp_path / "cols.jsonl"
+    path.write_text(json.dumps({"sentence1": "a", "sentence2": "b", "label": 0}) + "\n")
+    with pytest.raises(
+        ConfigError, match="lacks column.*premise, hypothesis; found sentence1, sentence2, label"
+    ):
+        load_splits(config_for(path, path))
+
+
+def test_missing_and_empty_files_are_named(tmp_path):
+    good = write(tmp_path / "good.jsonl", ROWS)
+    with pytest.raises(ConfigError, match="nope.jsonl does not exist"):
+        load_splits(config_for(tmp_path / "nope.jsonl", good))
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(ConfigError, match="empty.csv is empty"):
+        load_splits(config_for(good, empty))
+
+
+def test_sample_limits(tmp_path):
+    path = write(tmp_path / "rows.jsonl", ROWS)
+    splits = load_splits(config_for(path, path, max_train_samples=3, max_eval_samples=2))
+    assert (len(splits["train"]), len(splits["validation_matched"])) == (3, 2)
+
+
+def test_tokenized_splits_are_cached(tmp_path, tiny_model_dir):
+    """A second run on the same data reads the tokenized rows from the datasets cache."""
+    from transformers import AutoTokenizer
+
+    from finetune.data import tokenize_splits
+
+    path = write(tmp_path / "rows.jsonl", ROWS)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    accelerator = Accelerator(cpu=True)
+    first = tokenize_splits(load_splits(config_for(path, path)), tokenizer, 32, accelerator)["train"]
+    second = tokenize_splits(load_splits(config_for(path, path)), tokenizer, 32, accelerator)["train"]
+    assert first.cache_files and first.cache_files == second.cache_files
+    assert second["length"] == [len(ids) for ids in second["input_ids"]]
+
+
+LENGTHS = [((i * 7919) % 97) + 3 for i in range(1000)]
+
+
+@pytest.mark.parametrize("group_by_length", [True, False])
+def test_sampler_yields_every_index_once_per_epoch(group_by_length):
+    sampler = LengthGroupedSampler(LENGTHS, mega_batch_size=256, seed=1, group_by_length=group_by_length)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        assert sorted(sampler) == list(range(len(LENGTHS)))
+
+
+def test_sampler_groups_lengths_and_reshuffles_every_epoch():
+    batch = 16
+    grouped = LengthGroupedSampler(LENGTHS, mega_batch_size=50 * batch, seed=1)
+    plain = LengthGroupedSampler(LENGTHS, mega_batch_size=50 * batch, seed=1, group_by_length=False)
+
+    def padded_tokens(order):
+        batches = [order[i : i + batch] for i in range(0, len(order), batch)]
+        return sum(max(LENGTHS[j] for j in b) * len(b) for b in batches)
+
+    assert padded_tokens(list(grouped)) < 0.7 * padded_tokens(list(plain))
+    first = list(grouped)
+    grouped.set_epoch(1)
+    assert list(grouped) != first
+    grouped.set_epoch(0)
+    assert list(grouped) == first  # a pure function of (seed, epoch): resume sees the same order
