@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> dict:
         (output_dir / "results.json").write_text(json.dumps(results, indent=2))
         print(json.dumps(results, indent=2))
         print(f"model, tokenizer, results.json, metrics.jsonl, train_config.json: {output_dir.resolve()}")
+    # All ranks leave together: a gloo rank tearing down its group while a peer has already
+    # exited can hang at interpreter shutdown.
+    accelerator.wait_for_everyone()
     accelerator.end_training()
     return results
 

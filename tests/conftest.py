@@ -11,6 +11,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.pop("WANDB_MODE", None)
 
 import json  # noqa: E402
+import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -91,9 +92,28 @@ def tiny_args(model_dir: Path, files: dict[str, Path], output_dir: Path, *extra:
 
 
 def run_cli(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs a command the way a user types it, from the repository root."""
+    """Runs a command the way a user types it, from the repository root.
+
+    The command gets its own process group, so a launcher's workers die with it on a timeout
+    instead of outliving the test.
+    """
     merged = {**os.environ, **(env or {})}
-    return subprocess.run(args, cwd=REPO, env=merged, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(
+        args,
+        cwd=REPO,
+        env=merged,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            raise AssertionError(f"timed out after {timeout} s: {' '.join(args)}\n{stderr[-3000:]}") from None
+    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
 
 
 def read_jsonl(path: Path) -> list[dict]:

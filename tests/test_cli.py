@@ -21,7 +21,7 @@ def test_plain_python_entry_point(tiny_model_dir, nli_files, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert results_of(out)["global_step"] == 4
-    assert f"are in {out.resolve()}" in done.stdout
+    assert f"train_config.json: {out.resolve()}" in done.stdout  # says where everything went
 
 
 def test_bad_flag_is_one_line_and_nonzero(tiny_model_dir, nli_files, tmp_path):
