@@ -17,6 +17,7 @@ from transformers import HfArgumentParser, SchedulerType
 DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
 REPORT_TO_CHOICES = ("wandb", "tensorboard", "all", "none")
 MIXED_PRECISION_CHOICES = ("auto", "no", "bf16", "fp16")
+DDP_COMM_HOOKS = ("none", "fp16", "bf16")
 
 
 class ConfigError(ValueError):
@@ -90,6 +91,21 @@ class TrainConfig:
     )
     project_name: str = _help("Tracker project name (the W&B project).", default="finetune-mnli")
     dataloader_num_workers: int = _help("Worker processes feeding each training process.", default=0)
+    do_train: bool = _help(
+        "Train; with false, only evaluate --model_name_or_path on the validation sets.", default=True
+    )
+    # --- DDP (multi-process runs; passed to torch DistributedDataParallel through accelerate)
+    ddp_bucket_cap_mb: int = _help("Gradient bucket size in MB for DDP all-reduce.", default=25)
+    ddp_find_unused_parameters: bool = _help(
+        "Let DDP tolerate parameters without gradients (slower; only for models that need it).", default=False
+    )
+    ddp_gradient_as_bucket_view: bool = _help(
+        "Gradients as views into DDP's buckets: saves one gradient-sized copy of memory.", default=True
+    )
+    ddp_comm_hook: str = _help(
+        "Compress gradients for all-reduce: none, fp16 or bf16 (halves traffic, for slow interconnects).",
+        default="none",
+    )
     config: str | None = _help(
         "YAML file holding any of these keys; command-line flags override it.", default=None
     )
@@ -118,6 +134,12 @@ class TrainConfig:
             raise ConfigError("--weight_decay and --max_grad_norm must be >= 0")
         if self.dataloader_num_workers < 0:
             raise ConfigError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
+        if self.ddp_bucket_cap_mb <= 0:
+            raise ConfigError(f"--ddp_bucket_cap_mb must be a positive integer, got {self.ddp_bucket_cap_mb}")
+        if self.ddp_comm_hook not in DDP_COMM_HOOKS:
+            raise ConfigError(
+                f"--ddp_comm_hook must be one of {', '.join(DDP_COMM_HOOKS)}, got {self.ddp_comm_hook!r}"
+            )
         if self.mixed_precision not in MIXED_PRECISION_CHOICES:
             raise ConfigError(f"--mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}")
         if self.report_to not in REPORT_TO_CHOICES:

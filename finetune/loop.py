@@ -132,13 +132,11 @@ def train(accelerator, model, optimizer, scheduler, train_loader, eval_loaders, 
             if state.global_step >= plan.total_updates:
                 break
         eval_tic = time.perf_counter()
-        last_eval = {"step": state.global_step, "epoch": epoch + 1}
-        for name, loader in eval_loaders.items():
-            result = evaluate(accelerator, model, loader, metric)
-            short = name.removeprefix("validation_")
-            last_eval.update(
-                {f"eval_{short}_accuracy": result["accuracy"], f"eval_{short}_samples": result["samples"]}
-            )
+        last_eval = {
+            "step": state.global_step,
+            "epoch": epoch + 1,
+            **evaluate_splits(accelerator, model, eval_loaders, metric),
+        }
         if accelerator.is_main_process:
             log.log(last_eval)
         log_tic = time.perf_counter()
@@ -161,6 +159,18 @@ def _reduce_sums(accelerator, loss, samples: int, tokens) -> tuple[float, int, i
     local = torch.stack([loss, torch.tensor(float(samples), device=loss.device, dtype=loss.dtype), tokens])
     loss_total, samples_total, tokens_total = accelerator.reduce(local, "sum").tolist()
     return loss_total, int(samples_total), int(tokens_total)
+
+
+def evaluate_splits(accelerator, model, eval_loaders: dict, metric) -> dict:
+    """Collective: `eval_<split>_accuracy` and `eval_<split>_samples` for every evaluation split."""
+    results = {}
+    for name, loader in eval_loaders.items():
+        result = evaluate(accelerator, model, loader, metric)
+        short = name.removeprefix("validation_")
+        results.update(
+            {f"eval_{short}_accuracy": result["accuracy"], f"eval_{short}_samples": result["samples"]}
+        )
+    return results
 
 
 def evaluate(accelerator, model, loader, metric) -> dict:

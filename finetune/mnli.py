@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -18,17 +19,41 @@ from accelerate.utils import set_seed
 from transformers import get_scheduler
 
 from finetune.checkpoint import TrainState, export_model, load_checkpoint, resolve_resume
-from finetune.config import ConfigError, parse_config, to_dict
+from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
 from finetune.data import LABEL_NAMES, build_dataloaders, load_splits, tokenize_splits
-from finetune.loop import train
+from finetune.loop import evaluate_splits, load_metric, train
 from finetune.modeling import build_optimizer, load_model_and_tokenizer
-from finetune.runtime import build_accelerator, describe_runtime, run_summary
+from finetune.runtime import build_accelerator, describe_runtime, replicas_identical, run_summary
 from finetune.steps import plan_steps
 from finetune.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
 
 
+@dataclass
+class Run:
+    """Everything `setup` builds; `execute` runs it."""
+
+    config: TrainConfig
+    accelerator: object
+    model: object
+    tokenizer: object
+    optimizer: object
+    scheduler: object
+    train_loader: object
+    eval_loaders: dict
+    plan: object
+    state: TrainState
+    log: MetricsLog | None
+
+
 def main(argv: list[str] | None = None) -> dict:
-    config = parse_config(argv)
+    run = setup(parse_config(argv))
+    results = execute(run)
+    close(run)
+    return results
+
+
+def setup(config: TrainConfig) -> Run:
+    """Accelerator, data, model, optimizer, schedule, trackers; resumed state if asked for."""
     output_dir = Path(config.output_dir)
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     if (output_dir / "results.json").exists() and not (config.overwrite_output_dir or resume):
@@ -75,31 +100,65 @@ def main(argv: list[str] | None = None) -> dict:
         if wandb_notice:
             print(wandb_notice)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
-
-    last_eval, runtime_s, eval_runtime_s = train(
-        accelerator, model, optimizer, scheduler, train_loader, eval_loaders, plan, config, state, log
+    return Run(
+        config,
+        accelerator,
+        model,
+        tokenizer,
+        optimizer,
+        scheduler,
+        train_loader,
+        eval_loaders,
+        plan,
+        state,
+        log,
     )
-    export_model(accelerator, model, tokenizer, config.output_dir)
-    results = {
-        **last_eval,
-        "global_step": state.global_step,
-        "epoch": last_eval.get("epoch", state.epoch),
-        "train_runtime_s": runtime_s,
-        "train_samples": state.samples_seen,
-        "train_samples_per_second": state.samples_seen / runtime_s,
-        "train_tokens_per_second": state.tokens_seen / runtime_s,
-        "eval_runtime_s": eval_runtime_s,
-        **describe_runtime(accelerator),
-    }
+
+
+def execute(run: Run) -> dict:
+    """Train (unless --do_train false) and evaluate; export the model; write results.json."""
+    accelerator, config, state = run.accelerator, run.config, run.state
+    output_dir = Path(config.output_dir)
+    if config.do_train:
+        last_eval, runtime_s, eval_runtime_s = train(
+            accelerator, run.model, run.optimizer, run.scheduler, run.train_loader, run.eval_loaders,
+            run.plan, config, state, run.log,
+        )  # fmt: skip
+        export_model(accelerator, run.model, run.tokenizer, config.output_dir)
+        results = {
+            **last_eval,
+            "global_step": state.global_step,
+            "epoch": last_eval.get("epoch", state.epoch),
+            "train_runtime_s": runtime_s,
+            "train_samples": state.samples_seen,
+            "train_samples_per_second": state.samples_seen / runtime_s,
+            "train_tokens_per_second": state.tokens_seen / runtime_s,
+            "eval_runtime_s": eval_runtime_s,
+        }
+    else:
+        results = evaluate_splits(
+            accelerator, run.model, run.eval_loaders, load_metric("accuracy", accelerator)
+        )
+    results.update(describe_runtime(accelerator))
+    # Collective: DDP keeps replicas equal by construction; this proves it for this run.
+    results["replicas_identical"] = replicas_identical(accelerator, run.model)
     if accelerator.is_main_process:
         (output_dir / "results.json").write_text(json.dumps(results, indent=2))
         print(json.dumps(results, indent=2))
         print(f"model, tokenizer, results.json, metrics.jsonl, train_config.json: {output_dir.resolve()}")
-    # All ranks leave together: a gloo rank tearing down its group while a peer has already
-    # exited can hang at interpreter shutdown.
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
     return results
+
+
+def close(run: Run) -> None:
+    """Collective: finish the trackers and leave the process group, every rank together."""
+    accelerator = run.accelerator
+    accelerator.wait_for_everyone()
+    # DDP's reducer holds the process group: destroyed after the group, it deadlocks in
+    # ~ProcessGroupGloo. So the model and every reference to it go first.
+    run.model = run.optimizer = run.scheduler = run.train_loader = None
+    run.eval_loaders = {}
+    accelerator.free_memory()
+    accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, gather_object
 
 from finetune.config import ConfigError, TrainConfig
 
@@ -31,7 +33,18 @@ def resolve_mixed_precision(requested: str) -> str:
 
 
 def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
+    if config.ddp_comm_hook == "bf16" and not torch.cuda.is_available():
+        raise ConfigError(
+            "--ddp_comm_hook bf16 needs CUDA GPUs with NCCL; use fp16 (works over gloo) or none"
+        )
+    ddp = DistributedDataParallelKwargs(
+        bucket_cap_mb=config.ddp_bucket_cap_mb,
+        find_unused_parameters=config.ddp_find_unused_parameters,
+        gradient_as_bucket_view=config.ddp_gradient_as_bucket_view,
+        comm_hook=DDPCommunicationHookType("no" if config.ddp_comm_hook == "none" else config.ddp_comm_hook),
+    )
     accelerator = Accelerator(
+        kwargs_handlers=[ddp],
         # Without CUDA, Accelerate must be told it is on CPU: otherwise processes started by a
         # multi-GPU launcher each come up as rank 0 of 1 and train independent replicas.
         cpu=not torch.cuda.is_available(),
@@ -43,18 +56,30 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         # num_processes times per update (the official examples multiply the length to match).
         step_scheduler_with_optimizer=False,
     )
-    expected = int(os.environ.get("WORLD_SIZE", "1"))
-    if expected > 1 and accelerator.num_processes != expected:
-        raise ConfigError(
-            f"the launcher started {expected} processes but Accelerate sees {accelerator.num_processes}: "
-            "they would train independent copies; check distributed_type and num_processes "
-            "in the accelerate config"
-        )
+    check_world_size(int(os.environ.get("WORLD_SIZE", "1")), accelerator.num_processes)
     if torch.cuda.is_available():
         # TF32 matmuls on Ampere+ cost ~nothing in accuracy for fine-tuning and are several times faster.
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return accelerator
+
+
+def check_world_size(launched: int, joined: int) -> None:
+    """Several launched processes that did not join one group would train independent replicas."""
+    if launched > 1 and joined != launched:
+        raise ConfigError(
+            f"the launcher started {launched} processes but Accelerate sees {joined}: "
+            "they would train independent copies; check distributed_type and num_processes "
+            "in the accelerate config"
+        )
+
+
+def replicas_identical(accelerator, model) -> bool:
+    """Collective: whether every rank holds bit-identical parameters (hashes gathered to all ranks)."""
+    digest = hashlib.sha256()
+    for tensor in accelerator.unwrap_model(model).state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return len(set(gather_object([digest.hexdigest()]))) == 1
 
 
 def describe_runtime(accelerator) -> dict:

@@ -11,6 +11,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.pop("WANDB_MODE", None)
 
 import json  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -121,3 +122,61 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 PYTHON = sys.executable
+
+
+def without_dropout(model_dir, folder):
+    """A copy of the tiny model with dropout off, so different batch splits draw no different masks."""
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def reference_weights(model_dir, nli_files, windows: list, learning_rate: float) -> dict:
+    """A plain PyTorch loop: one AdamW step per window on the mean loss over that window's pairs.
+
+    A window lists positions in the epoch's sample order (a position may repeat, as when
+    Accelerate pads the last batches of a rank with rows from the start).
+
+    Same rows, order and padding as the toolkit (its data pieces are reused), but none of its loop.
+    """
+    from accelerate import Accelerator
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+    from finetune.config import TrainConfig
+    from finetune.data import LengthGroupedSampler, load_splits, tokenize_splits
+    from finetune.modeling import build_optimizer
+
+    config = TrainConfig(train_file=str(nli_files["train"]), validation_file=str(nli_files["validation"]),
+                         max_train_samples=max(max(w) for w in windows) + 1, max_length=64)  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    train = tokenize_splits(load_splits(config), tokenizer, 64, Accelerator(cpu=True))["train"]
+    order = list(LengthGroupedSampler(train["length"], mega_batch_size=10_000, seed=config.seed))
+    rows = train.select_columns(["input_ids", "token_type_ids", "attention_mask", "labels"])
+    collate = DataCollatorWithPadding(tokenizer)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    optimizer = build_optimizer(model, learning_rate, config.weight_decay)
+    for window in windows:
+        batch = collate([rows[order[position]] for position in window])
+        model(**batch).loss.backward()  # mean over the window's pairs
+        optimizer.step()
+        optimizer.zero_grad()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def weights(output_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(output_dir / "model.safetensors")
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for name in a:
+        # Softmax ignores a bias added to every key, so its gradient is rounding noise that Adam
+        # scales up to full steps: those tensors agree on nothing and are skipped.
+        if not name.endswith("attention.self.key.bias"):
+            torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -3,9 +3,7 @@
 import json
 import os
 
-import pytest
-
-from tests.conftest import N_VALIDATION, PYTHON, run_cli, tiny_args
+from tests.conftest import PYTHON, run_cli, tiny_args
 
 BIN = os.path.dirname(PYTHON)
 
@@ -41,30 +39,6 @@ def test_accelerate_launch_with_the_cpu_config(tiny_model_dir, nli_files, tmp_pa
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert results_of(out)["world_size"] == 1
-
-
-@pytest.mark.multiprocess
-@pytest.mark.parametrize(
-    "launcher",
-    [
-        ["torchrun", "--nproc_per_node", "2"],
-        ["accelerate", "launch", "--multi_gpu", "--num_processes", "2"],
-        ["accelerate", "launch", "--config_file", "accelerate_configs/cpu_multiprocess.yaml"],
-    ],
-    ids=["torchrun", "accelerate-multi_gpu", "accelerate-config"],
-)
-def test_two_processes_train_together(launcher, tiny_model_dir, nli_files, tmp_path):
-    """2 ranks over gloo: one world of 2, each validation row counted once, rank 0 writes alone."""
-    out = tmp_path / "out"
-    command = [os.path.join(BIN, launcher[0]), *launcher[1:], "finetune/mnli.py"]
-    done = run_cli([*command, *tiny_args(tiny_model_dir, nli_files, out)], env={"MASTER_PORT": "29531"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = results_of(out)
-    assert results["world_size"] == 2
-    assert results["eval_matched_samples"] == N_VALIDATION  # 151 rows over 2 ranks x 64: padding dropped
-    assert results["global_step"] == 19  # ceil(600 / (16 * 2))
-    assert done.stdout.count("world_size=2") == 1  # the start-up summary comes from rank 0 only
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == 5  # steps 5, 10, 15, 19 + one eval
 
 
 def test_wandb_without_api_key_goes_offline_with_a_notice(tiny_model_dir, nli_files, tmp_path):

@@ -1,0 +1,254 @@
+"""The same loop on 2 real processes (gloo on CPU): launchers, agreement, accumulation, FSDP.
+
+Every test asserts the world size it really got: a launcher that silently starts one process,
+or two processes that each think they are alone, must fail here.
+"""
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+from accelerate.data_loader import BatchSamplerShard
+from torch.utils.data import BatchSampler
+
+from finetune.config import ConfigError
+from finetune.mnli import main
+from finetune.runtime import check_world_size
+from tests.conftest import (
+    N_VALIDATION,
+    PYTHON,
+    REPO,
+    assert_same_weights,
+    read_jsonl,
+    reference_weights,
+    run_cli,
+    tiny_args,
+    weights,
+    without_dropout,
+)
+
+pytestmark = pytest.mark.multiprocess
+BIN = os.path.dirname(PYTHON)
+ACCELERATE = os.path.join(BIN, "accelerate")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate_launch(config_file: str, *launch_args: str) -> list[str]:
+    return [
+        ACCELERATE,
+        "launch",
+        "--config_file",
+        config_file,
+        "--main_process_port",
+        str(free_port()),
+        *launch_args,
+    ]
+
+
+def two_process(script_args: list[str], launcher: list[str] | None = None, script="finetune/mnli.py"):
+    launcher = launcher or accelerate_launch("accelerate_configs/cpu_multiprocess.yaml")
+    done = run_cli([*launcher, script, *script_args])
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def results_of(output_dir):
+    return json.loads((output_dir / "results.json").read_text())
+
+
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        ["torchrun", "--nproc_per_node", "2"],
+        ["accelerate", "launch", "--multi_gpu", "--num_processes", "2"],
+    ],
+    ids=["torchrun", "accelerate-multi_gpu-flag"],
+)
+def test_launchers_give_one_world_of_two(launcher, tiny_model_dir, nli_files, tmp_path):
+    out = tmp_path / "out"
+    port = ["--master_port" if launcher[0] == "torchrun" else "--main_process_port", str(free_port())]
+    done = two_process(
+        tiny_args(tiny_model_dir, nli_files, out), [os.path.join(BIN, launcher[0]), *launcher[1:], *port]
+    )
+    results = results_of(out)
+    assert results["world_size"] == 2 and results["replicas_identical"] is True
+    assert results["global_step"] == math.ceil(600 / (16 * 2))
+    assert done.stdout.count("world_size=2") == 1  # the start-up summary comes from rank 0 only
+
+
+def test_two_ranks_agree_and_only_rank_zero_writes(tiny_model_dir, nli_files, tmp_path):
+    """The config file the tests document: identical replicas, every row evaluated once, one writer."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "10")
+    args[args.index("--report_to") + 1] = "wandb"
+    two_process(args, [*accelerate_launch("accelerate_configs/cpu_multiprocess.yaml")])
+    results = results_of(out)
+    assert results["world_size"] == 2
+    assert results["replicas_identical"] is True  # sha256 of every parameter, gathered from both ranks
+    # 151 rows over 2 ranks x 64: Accelerate pads the last batch; gather_for_metrics drops the padding.
+    assert results["eval_matched_samples"] == N_VALIDATION
+    steps = [r["step"] for r in read_jsonl(out / "metrics.jsonl")]
+    assert steps == [5, 10, 15, 19, 19]  # 4 logging lines + 1 evaluation, each written once
+    assert len(list((out / "wandb").glob("offline-run-*"))) == 1
+    checkpoint = out / "checkpoint-10"
+    # Each rank saves its own RNG state; the model and optimizer are written once, by rank 0.
+    assert sorted(p.name for p in checkpoint.glob("random_states_*")) == [
+        "random_states_0.pkl",
+        "random_states_1.pkl",
+    ]
+    assert len(list(checkpoint.glob("model*.safetensors"))) == 1
+    expected = ["checkpoint-10", "config.json", "metrics.jsonl", "model.safetensors", "results.json",
+                "tokenizer.json", "tokenizer_config.json", "train_config.json", "wandb"]  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == expected
+
+
+def test_evaluation_is_the_same_with_one_and_two_processes(tiny_model_dir, nli_files, tmp_path):
+    trained = tmp_path / "trained"
+    main(tiny_args(tiny_model_dir, nli_files, trained, "--num_train_epochs", "2"))
+    evaluate_only = ["--do_train", "false", "--per_device_eval_batch_size", "16"]
+    one = main(tiny_args(trained, nli_files, tmp_path / "one", *evaluate_only))
+    two_process(tiny_args(trained, nli_files, tmp_path / "two", *evaluate_only))
+    two = results_of(tmp_path / "two")
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert one["eval_matched_samples"] == two["eval_matched_samples"] == N_VALIDATION
+    assert one["eval_matched_accuracy"] == two["eval_matched_accuracy"]
+
+
+def test_two_machines_on_localhost_train_together(tiny_model_dir, nli_files, tmp_path):
+    """--num_machines 2 with one process each: the multi-node path, with 127.0.0.1 as node 0."""
+    out = tmp_path / "out"
+    port = str(free_port())
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+    def node(rank: int) -> subprocess.Popen:
+        command = [ACCELERATE, "launch", "--multi_gpu", "--num_machines", "2", "--num_processes", "2",
+                   "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port,
+                   "finetune/mnli.py", *tiny_args(tiny_model_dir, nli_files, out)]  # fmt: skip
+        return subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    nodes = [node(0), node(1)]
+    try:
+        outputs = [n.communicate(timeout=300) for n in nodes]
+    finally:
+        for n in nodes:
+            n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    results = results_of(out)
+    assert results["world_size"] == 2 and results["replicas_identical"] is True
+    assert results["global_step"] == math.ceil(600 / (16 * 2))
+
+
+def test_accumulation_all_reduces_once_per_optimizer_step(tiny_model_dir, nli_files, tmp_path):
+    """With accumulation 2, DDP's no_sync must skip the all-reduce on every other micro-batch."""
+    out = tmp_path / "out"
+    launcher = [os.path.join(BIN, "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port())]
+    args = tiny_args(tiny_model_dir, nli_files, out, "--gradient_accumulation_steps", "2")
+    two_process(args, launcher, script="tests/probes/count_allreduce.py")
+    micro_batches = math.ceil(600 / (16 * 2))  # 19 per rank; the last window is partial
+    for rank in (0, 1):
+        counted = json.loads((out / f"allreduce_rounds_rank{rank}.json").read_text())
+        assert counted["global_step"] == math.ceil(micro_batches / 2) == 10
+        assert counted["rounds"] == 10  # one all-reduce round per optimizer step, not 19
+
+
+def test_partial_last_window_over_two_ranks_matches_one_big_batch(tiny_model_dir, nli_files, tmp_path):
+    """10 pairs, 2 ranks x batch 2 x accumulation 2: the second update holds one micro-batch per rank.
+
+    Accelerate shards whole batches round-robin and pads rank 1 with rows from the start, so the
+    windows are taken from its own BatchSamplerShard; the reference averages each window's pairs.
+    """
+    model_dir = without_dropout(tiny_model_dir, tmp_path / "model")
+    out = tmp_path / "out"
+    flags = ["--max_train_samples", "10", "--per_device_train_batch_size", "2",
+             "--gradient_accumulation_steps", "2",
+             "--lr_scheduler_type", "constant", "--warmup_ratio", "0", "--max_grad_norm", "0"]  # fmt: skip
+    two_process(tiny_args(model_dir, nli_files, out, *flags))
+    batches = BatchSampler(range(10), batch_size=2, drop_last=False)
+    shards = [
+        list(BatchSamplerShard(batches, num_processes=2, process_index=r, even_batches=True)) for r in (0, 1)
+    ]
+    assert [len(s) for s in shards] == [3, 3]
+    windows = [[i for shard in shards for batch in shard[w : w + 2] for i in batch] for w in (0, 2)]
+    assert [len(w) for w in windows] == [8, 4]
+    assert results_of(out)["global_step"] == 2
+    assert_same_weights(weights(out), reference_weights(model_dir, nli_files, windows, 1e-2))
+
+
+def test_one_process_batch_32_matches_two_processes_batch_16(tiny_model_dir, nli_files, tmp_path):
+    """Same global batch, same rows per step, same loss curve.
+
+    576 rows divide by 32: with a remainder, Accelerate (like DistributedSampler) pads the last
+    batch of rank 1 with rows from the start, so that one window would hold other rows.
+    """
+    model_dir = without_dropout(tiny_model_dir, tmp_path / "model")
+    one, two = tmp_path / "one", tmp_path / "two"
+    rows = ["--max_train_samples", "576"]
+    main(tiny_args(model_dir, nli_files, one, *rows, "--per_device_train_batch_size", "32"))
+    two_process(tiny_args(model_dir, nli_files, two, *rows, "--per_device_train_batch_size", "16"))
+    assert results_of(one)["global_step"] == results_of(two)["global_step"] == 18
+    assert (results_of(one)["world_size"], results_of(two)["world_size"]) == (1, 2)
+    losses = [[r["loss"] for r in read_jsonl(d / "metrics.jsonl") if "loss" in r] for d in (one, two)]
+    assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_compressed_gradients_over_two_ranks(tiny_model_dir, nli_files, tmp_path):
+    out = tmp_path / "out"
+    two_process(
+        tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "6", "--ddp_comm_hook", "fp16")
+    )
+    results = results_of(out)
+    assert results["world_size"] == 2 and results["global_step"] == 6 and results["replicas_identical"]
+    bf16 = tiny_args(tiny_model_dir, nli_files, tmp_path / "bf16", "--ddp_comm_hook", "bf16")
+    done = run_cli([PYTHON, "finetune/mnli.py", *bf16])
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1].startswith("error: --ddp_comm_hook bf16 needs CUDA")
+
+
+def test_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
+    """FSDP2 (sharded parameters and optimizer state) on CPU: same loop, resume, a loadable export."""
+    launcher = accelerate_launch(
+        "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--mixed_precision", "no"
+    )
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    args = ["--num_train_epochs", "2", "--checkpointing_steps", "25"]
+    two_process(tiny_args(tiny_model_dir, nli_files, full, *args), launcher)
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-25", resumed / "checkpoint-25")  # mid-epoch 1 of 2 (19 steps each)
+    launcher = accelerate_launch(
+        "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--mixed_precision", "no"
+    )
+    two_process(
+        tiny_args(tiny_model_dir, nli_files, resumed, *args, "--resume_from_checkpoint", "auto"), launcher
+    )
+    a, b = results_of(full), results_of(resumed)
+    assert a["world_size"] == b["world_size"] == 2 and a["global_step"] == b["global_step"] == 38
+    assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"]
+    assert_same_weights(weights(full), weights(resumed))
+    check = (
+        "import sys; from transformers import pipeline; "
+        "classify = pipeline('text-classification', model=sys.argv[1]); "
+        "print(classify([{'text': 'A man sings.', 'text_pair': 'Someone sings.'}])[0]['label'])"
+    )
+    done = run_cli([sys.executable, "-c", check, str(full)])
+    assert done.returncode == 0 and done.stdout.strip() in {"entailment", "neutral", "contradiction"}, (
+        done.stderr
+    )
+
+
+def test_guard_against_processes_that_did_not_join_one_group():
+    check_world_size(1, 1)
+    check_world_size(2, 2)
+    with pytest.raises(ConfigError, match="launcher started 2 processes but Accelerate sees 1"):
+        check_world_size(2, 1)
