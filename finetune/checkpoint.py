@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ from finetune.config import ConfigError
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
+BEST_MODEL_DIR = "best_model"
 
 
 @dataclass
@@ -26,6 +28,12 @@ class TrainState:
     """Training pairs consumed, summed over processes."""
     tokens_seen: int = 0
     """Real (non-pad) training tokens consumed, summed over processes."""
+    best_metric: float | None = None
+    """Best value of --metric_for_best_model so far."""
+    best_step: int | None = None
+    """Optimizer step at which best_metric was measured."""
+    tracker_run_id: str | None = None
+    """W&B run id: a resumed run continues the same W&B run."""
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -45,6 +53,9 @@ def save_checkpoint(
     """Collective: every rank must call it. Only rank 0 publishes and rotates."""
     final = Path(output_dir) / f"{PREFIX}{state.global_step}"
     staging = Path(output_dir) / f".{PREFIX}{state.global_step}.partial"
+    if accelerator.is_main_process and staging.exists():
+        shutil.rmtree(staging)  # left by a run that died while writing this very step
+    accelerator.wait_for_everyone()
     # Every rank writes its own RNG state (and, under FSDP, its shard) into the staging folder.
     accelerator.save_state(str(staging))
     accelerator.wait_for_everyone()
@@ -56,8 +67,11 @@ def save_checkpoint(
         # A rename is atomic: a folder named checkpoint-N is always a complete checkpoint.
         os.replace(staging, final)
         if save_total_limit:
+            # Only after the new one is published, and never the best one.
+            best = f"{PREFIX}{state.best_step}"
             for old in complete_checkpoints(output_dir)[:-save_total_limit]:
-                shutil.rmtree(old)
+                if old.name != best:
+                    shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
 
@@ -85,7 +99,13 @@ def load_checkpoint(accelerator, path: Path, world_size: int) -> TrainState:
             f"--resume_from_checkpoint {path}: saved with {saved_world_size} processes, this run has "
             f"{world_size}; exact resume needs the same number"
         )
-    accelerator.load_state(str(path))
+    try:
+        accelerator.load_state(str(path))
+    except pickle.UnpicklingError:
+        raise ConfigError(
+            f"--resume_from_checkpoint {path}: a file there holds Python objects other than tensors and "
+            "plain data; refusing to unpickle it (only resume from checkpoints you trust)"
+        ) from None
     return TrainState(**record)
 
 

@@ -84,7 +84,13 @@ class TrainConfig:
     resume_from_checkpoint: str | None = _help(
         "Checkpoint folder to resume from, or 'auto' for the newest complete one in output_dir.", default=None
     )
-    save_total_limit: int | None = _help("Keep at most this many checkpoints (oldest removed).", default=None)
+    save_total_limit: int | None = _help(
+        "Keep the newest N checkpoints (plus the best one); older ones are removed.", default=None
+    )
+    metric_for_best_model: str = _help(
+        "Evaluation metric (higher is better) that picks the best model, kept in output_dir/best_model.",
+        default="eval_matched_accuracy",
+    )
     logging_steps: int = _help("Log loss, learning rate and throughput every N optimizer steps.", default=50)
     report_to: str = _help(
         "Tracker: wandb, tensorboard, all or none (metrics.jsonl is always written).", default="wandb"
@@ -139,6 +145,14 @@ class TrainConfig:
         if self.ddp_comm_hook not in DDP_COMM_HOOKS:
             raise ConfigError(
                 f"--ddp_comm_hook must be one of {', '.join(DDP_COMM_HOOKS)}, got {self.ddp_comm_hook!r}"
+            )
+        if not (
+            self.metric_for_best_model.startswith("eval_")
+            and self.metric_for_best_model.endswith("_accuracy")
+        ):
+            raise ConfigError(
+                f"--metric_for_best_model must name an evaluation accuracy such as eval_matched_accuracy, "
+                f"got {self.metric_for_best_model!r}"
             )
         if self.mixed_precision not in MIXED_PRECISION_CHOICES:
             raise ConfigError(f"--mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}")

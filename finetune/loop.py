@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import evaluate as hf_evaluate
@@ -11,7 +12,11 @@ import torch.nn.functional as F
 from accelerate import skip_first_batches
 from tqdm.auto import tqdm
 
-from finetune.checkpoint import save_checkpoint
+from finetune.checkpoint import BEST_MODEL_DIR, TrainState, export_model, save_checkpoint
+from finetune.config import TrainConfig
+from finetune.runtime import StopSignals, TrainingInterrupted
+from finetune.steps import StepPlan
+from finetune.tracking import MetricsLog
 
 METRICS_DIR = Path(__file__).parent / "metrics"
 
@@ -23,11 +28,32 @@ def load_metric(name: str, accelerator):
         return hf_evaluate.load(str(METRICS_DIR / name))
 
 
-def train(accelerator, model, optimizer, scheduler, train_loader, eval_loaders, plan, config, state, log):
+@dataclass
+class Run:
+    """Everything `finetune.mnli.setup` builds for one run."""
+
+    config: TrainConfig
+    accelerator: object
+    model: object
+    tokenizer: object
+    optimizer: object
+    scheduler: object
+    train_loader: object
+    eval_loaders: dict
+    plan: StepPlan
+    state: TrainState
+    log: MetricsLog | None
+
+
+def train(run: Run, stop: StopSignals):
     """Optimizer steps until `plan.total_updates`, evaluating after every epoch.
 
-    Returns the last evaluation, the training seconds and the evaluation seconds.
+    Returns the last evaluation, the training seconds and the evaluation seconds. A stop signal
+    ends the run after the current step with a checkpoint and `TrainingInterrupted`.
     """
+    accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, run.scheduler
+    config, plan, state, log = run.config, run.plan, run.state, run.log
+    train_loader, eval_loaders = run.train_loader, run.eval_loaders
     world_size = accelerator.num_processes
     device = accelerator.device
     full_window = config.per_device_train_batch_size * config.gradient_accumulation_steps * world_size
@@ -122,13 +148,20 @@ def train(accelerator, model, optimizer, scheduler, train_loader, eval_loaders, 
                         progress.set_postfix(
                             loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_second']:.0f}"
                         )
+                    checkpoint = None
                     if (
                         config.checkpoint_every_n_steps
                         and state.global_step % config.checkpoint_every_n_steps == 0
                     ):
-                        save_checkpoint(
+                        checkpoint = save_checkpoint(
                             accelerator, config.output_dir, state, world_size, config.save_total_limit
                         )
+                    signal_name = stop.requested(accelerator)
+                    if signal_name:
+                        checkpoint = checkpoint or save_checkpoint(
+                            accelerator, config.output_dir, state, world_size, config.save_total_limit
+                        )
+                        raise TrainingInterrupted(signal_name, state.global_step, checkpoint)
             if state.global_step >= plan.total_updates:
                 break
         eval_tic = time.perf_counter()
@@ -139,6 +172,11 @@ def train(accelerator, model, optimizer, scheduler, train_loader, eval_loaders, 
         }
         if accelerator.is_main_process:
             log.log(last_eval)
+        score = last_eval[config.metric_for_best_model]
+        if state.best_metric is None or score > state.best_metric:
+            state.best_metric, state.best_step = score, state.global_step
+            # Collective: the best weights so far, kept whatever checkpoint rotation removes.
+            export_model(accelerator, model, run.tokenizer, str(Path(config.output_dir) / BEST_MODEL_DIR))
         log_tic = time.perf_counter()
         eval_seconds += log_tic - eval_tic  # evaluation time is not training throughput
         state.epoch, state.micro_batches_in_epoch = epoch + 1, 0

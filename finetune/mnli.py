@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -21,33 +20,27 @@ from transformers import get_scheduler
 from finetune.checkpoint import TrainState, export_model, load_checkpoint, resolve_resume
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
 from finetune.data import LABEL_NAMES, build_dataloaders, load_splits, tokenize_splits
-from finetune.loop import evaluate_splits, load_metric, train
+from finetune.loop import Run, evaluate_splits, load_metric, train
 from finetune.modeling import build_optimizer, load_model_and_tokenizer
-from finetune.runtime import build_accelerator, describe_runtime, replicas_identical, run_summary
+from finetune.runtime import (
+    StopSignals,
+    TrainingInterrupted,
+    build_accelerator,
+    describe_runtime,
+    replicas_identical,
+    run_summary,
+)
 from finetune.steps import plan_steps
 from finetune.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
 
 
-@dataclass
-class Run:
-    """Everything `setup` builds; `execute` runs it."""
-
-    config: TrainConfig
-    accelerator: object
-    model: object
-    tokenizer: object
-    optimizer: object
-    scheduler: object
-    train_loader: object
-    eval_loaders: dict
-    plan: object
-    state: TrainState
-    log: MetricsLog | None
-
-
 def main(argv: list[str] | None = None) -> dict:
     run = setup(parse_config(argv))
-    results = execute(run)
+    try:
+        results = execute(run)
+    except TrainingInterrupted:
+        close(run)  # every rank stopped at the same step, so they can leave together
+        raise
     close(run)
     return results
 
@@ -88,15 +81,22 @@ def setup(config: TrainConfig) -> Run:
         model, optimizer, train_loader, scheduler, *eval_loaders.values()
     )
     eval_loaders = dict(zip(eval_loaders, prepared, strict=True))
+    metrics = [f"eval_{name.removeprefix('validation_')}_accuracy" for name in eval_loaders]
+    if config.metric_for_best_model not in metrics:
+        raise ConfigError(
+            f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(metrics)}"
+        )
     state = load_checkpoint(accelerator, resume, world_size) if resume else TrainState()
 
     resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan)}
-    start_trackers(accelerator, config.project_name, resolved, output_dir)
+    state.tracker_run_id = start_trackers(
+        accelerator, config.project_name, resolved, output_dir, state.tracker_run_id
+    )
     log = None
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "train_config.json").write_text(json.dumps(resolved, indent=2))
-        log = MetricsLog(accelerator, config.output_dir, resuming=resume is not None)
+        log = MetricsLog(accelerator, config.output_dir, resumed_step=state.global_step if resume else None)
         if wandb_notice:
             print(wandb_notice)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
@@ -120,10 +120,11 @@ def execute(run: Run) -> dict:
     accelerator, config, state = run.accelerator, run.config, run.state
     output_dir = Path(config.output_dir)
     if config.do_train:
-        last_eval, runtime_s, eval_runtime_s = train(
-            accelerator, run.model, run.optimizer, run.scheduler, run.train_loader, run.eval_loaders,
-            run.plan, config, state, run.log,
-        )  # fmt: skip
+        stop = StopSignals()
+        try:
+            last_eval, runtime_s, eval_runtime_s = train(run, stop)
+        finally:
+            stop.restore()
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
         results = {
             **last_eval,
@@ -134,6 +135,8 @@ def execute(run: Run) -> dict:
             "train_samples_per_second": state.samples_seen / runtime_s,
             "train_tokens_per_second": state.tokens_seen / runtime_s,
             "eval_runtime_s": eval_runtime_s,
+            "best_metric": state.best_metric,
+            "best_step": state.best_step,
         }
     else:
         results = evaluate_splits(
@@ -166,3 +169,6 @@ if __name__ == "__main__":
         main()
     except ConfigError as error:
         sys.exit(f"error: {error}")
+    except TrainingInterrupted as stopped:
+        print(stopped, file=sys.stderr)
+        sys.exit(stopped.exit_code)

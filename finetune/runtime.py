@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -100,3 +102,43 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"(warmup {plan.warmup_updates}, {plan.updates_per_epoch}/epoch)"
     )
     return line + (f" resuming from {resume} at step {global_step}" if resume else "")
+
+
+class TrainingInterrupted(Exception):
+    """Raised on every rank after a stop signal, once the checkpoint is safely written."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path):
+        self.exit_code = 128 + signal.Signals[signal_name].value
+        super().__init__(
+            f"stopped by {signal_name} after step {step}; checkpoint saved to {checkpoint}; "
+            "continue with the same command plus --resume_from_checkpoint auto"
+        )
+
+
+class StopSignals:
+    """SIGTERM (preemption) and SIGINT (Ctrl-C) only set a flag; the loop stops at the next step.
+
+    A second Ctrl-C stops at once, without a checkpoint.
+    """
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        if self.received == "SIGINT" and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+
+    def requested(self, accelerator) -> str | None:
+        """Collective with several processes: a signal seen by any rank stops all at the same step."""
+        if accelerator.num_processes == 1:
+            return self.received
+        seen = torch.tensor([self.received is not None], dtype=torch.float32, device=accelerator.device)
+        if accelerator.reduce(seen, "sum").item() == 0:
+            return None
+        return self.received or "SIGTERM"  # a peer's signal; preemption is the usual cause
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

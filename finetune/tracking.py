@@ -32,15 +32,24 @@ def wandb_offline_notice(trackers: list[str]) -> str | None:
     )
 
 
-def start_trackers(accelerator, project_name: str, resolved: dict, output_dir) -> None:
-    """Collective-safe: accelerate starts the trackers on the main process only."""
+def start_trackers(
+    accelerator, project_name: str, resolved: dict, output_dir, run_id: str | None
+) -> str | None:
+    """Starts the trackers (accelerate does so on the main process only); returns the W&B run id.
+
+    With `run_id` (from a checkpoint), W&B continues that run instead of starting a new one.
+    """
     # Trackers take flat scalars (TensorBoard's hparams reject None and nested values).
     flat = {**resolved, **resolved.get("plan", {})}
+    wandb_kwargs = {"dir": str(output_dir)} | ({"id": run_id, "resume": "allow"} if run_id else {})
     accelerator.init_trackers(
         project_name,
         config={k: v for k, v in flat.items() if isinstance(v, (int, float, str, bool))},
-        init_kwargs={"wandb": {"dir": str(output_dir)}},
+        init_kwargs={"wandb": wandb_kwargs},
     )
+    if accelerator.is_main_process and any(t.name == "wandb" for t in accelerator.trackers):
+        return accelerator.get_tracker("wandb", unwrap=True).id
+    return run_id
 
 
 class MetricsLog:
@@ -49,14 +58,19 @@ class MetricsLog:
     Construct and call it on the main process only; the call sites say so.
     """
 
-    def __init__(self, accelerator, output_dir: str, resuming: bool):
+    def __init__(self, accelerator, output_dir: str, resumed_step: int | None):
         self.accelerator = accelerator
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not resuming:
-            # A fresh run replaces an old log; a resumed one continues it (lines past the resume
-            # point are written again by the resumed steps).
-            self.path.write_text("")
+        kept = []
+        if resumed_step is not None and self.path.exists():
+            # Lines past the checkpoint came from steps that are about to be replayed.
+            kept = [
+                line
+                for line in self.path.read_text().splitlines()
+                if json.loads(line)["step"] <= resumed_step
+            ]
+        self.path.write_text("".join(line + "\n" for line in kept))
 
     def log(self, record: dict) -> None:
         with self.path.open("a") as f:
