@@ -9,6 +9,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from accelerate.utils import load as safe_load  # torch.load(weights_only=True) plus numpy's RNG types
+
 from finetune.config import ConfigError
 
 PREFIX = "checkpoint-"
@@ -99,7 +101,15 @@ def load_checkpoint(accelerator, path: Path, world_size: int) -> TrainState:
             f"--resume_from_checkpoint {path}: saved with {saved_world_size} processes, this run has "
             f"{world_size}; exact resume needs the same number"
         )
+    # accelerate's load_state swallows any failure to restore the RNG states, which silently
+    # breaks exact resume; so each rank first loads its own file the same safe way and fails loudly.
+    rng_file = path / f"random_states_{accelerator.process_index}.pkl"
     try:
+        if not rng_file.is_file():
+            raise ConfigError(
+                f"--resume_from_checkpoint {path}: {rng_file.name} is missing; the checkpoint is incomplete"
+            )
+        safe_load(rng_file)
         accelerator.load_state(str(path))
     except pickle.UnpicklingError:
         raise ConfigError(

@@ -161,6 +161,7 @@ def train(run: Run, stop: StopSignals):
                         checkpoint = checkpoint or save_checkpoint(
                             accelerator, config.output_dir, state, world_size, config.save_total_limit
                         )
+                        progress.close()
                         raise TrainingInterrupted(signal_name, state.global_step, checkpoint)
             if state.global_step >= plan.total_updates:
                 break

@@ -38,7 +38,10 @@ def main(argv: list[str] | None = None) -> dict:
     run = setup(parse_config(argv))
     try:
         results = execute(run)
-    except TrainingInterrupted:
+    except TrainingInterrupted as stopped:
+        if run.accelerator.is_main_process:
+            # Before close(): a launcher may kill this rank once a peer has exited.
+            print(stopped, file=sys.stderr, flush=True)
         close(run)  # every rank stopped at the same step, so they can leave together
         raise
     close(run)
@@ -170,5 +173,4 @@ if __name__ == "__main__":
     except ConfigError as error:
         sys.exit(f"error: {error}")
     except TrainingInterrupted as stopped:
-        print(stopped, file=sys.stderr)
         sys.exit(stopped.exit_code)

@@ -107,8 +107,10 @@ def test_two_ranks_agree_and_only_rank_zero_writes(tiny_model_dir, nli_files, tm
         "random_states_1.pkl",
     ]
     assert len(list(checkpoint.glob("model*.safetensors"))) == 1
-    expected = ["best_model", "checkpoint-10", "config.json", "metrics.jsonl", "model.safetensors", "results.json",
-                "tokenizer.json", "tokenizer_config.json", "train_config.json", "wandb"]  # fmt: skip
+    expected = [
+        "best_model", "checkpoint-10", "config.json", "metrics.jsonl", "model.safetensors",
+        "results.json", "tokenizer.json", "tokenizer_config.json", "train_config.json", "wandb",
+    ]  # fmt: skip
     assert sorted(p.name for p in out.iterdir()) == expected
 
 
