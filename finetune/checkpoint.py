@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -12,6 +13,7 @@ from pathlib import Path
 from accelerate.utils import load as safe_load  # torch.load(weights_only=True) plus numpy's RNG types
 
 from finetune.config import ConfigError
+from finetune.runtime import TrainingFailed
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
@@ -36,6 +38,14 @@ class TrainState:
     """Optimizer step at which best_metric was measured."""
     tracker_run_id: str | None = None
     """W&B run id: a resumed run continues the same W&B run."""
+    model_signature: str | None = None
+    """Model name, parameter count and a hash of parameter names and shapes; resume checks it."""
+
+
+def model_signature(model_name_or_path: str, model) -> str:
+    shapes = hashlib.sha256(repr([(n, tuple(p.shape)) for n, p in model.named_parameters()]).encode())
+    count = sum(p.numel() for p in model.parameters())
+    return f"{model_name_or_path} ({count:,} parameters, shapes {shapes.hexdigest()[:12]})"
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -58,16 +68,26 @@ def save_checkpoint(
     if accelerator.is_main_process and staging.exists():
         shutil.rmtree(staging)  # left by a run that died while writing this very step
     accelerator.wait_for_everyone()
-    # Every rank writes its own RNG state (and, under FSDP, its shard) into the staging folder.
-    accelerator.save_state(str(staging))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        record = {**asdict(state), "world_size": world_size}
-        (staging / STATE_FILE).write_text(json.dumps(record, indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        # A rename is atomic: a folder named checkpoint-N is always a complete checkpoint.
-        os.replace(staging, final)
+    try:
+        # Every rank writes its own RNG state (and, under FSDP, its shard) into the staging folder.
+        accelerator.save_state(str(staging))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            record = {**asdict(state), "world_size": world_size}
+            (staging / STATE_FILE).write_text(json.dumps(record, indent=2))
+            if final.exists():
+                shutil.rmtree(final)
+            # A rename is atomic: a folder named checkpoint-N is always a complete checkpoint.
+            os.replace(staging, final)
+    except (OSError, RuntimeError) as error:  # torch's writer reports a full disk as RuntimeError
+        shutil.rmtree(staging, ignore_errors=True)  # give back the space the partial write took
+        previous = complete_checkpoints(output_dir)
+        intact = f"{previous[-1].name} is intact" if previous else "no earlier checkpoint exists"
+        reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
+        raise TrainingFailed(
+            f"writing {final.name} failed ({reason}); is the disk full? {intact}; free space, then "
+            "continue with --resume_from_checkpoint auto"
+        ) from error
         if save_total_limit:
             # Only after the new one is published, and never the best one.
             best = f"{PREFIX}{state.best_step}"
@@ -76,6 +96,26 @@ def save_checkpoint(
                     shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def check_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> None:
+    """Before anything heavy: a usable folder, and never silently over a finished run."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir} is a file; give a folder path")
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"--output_dir {output_dir}: cannot write there ({error.strerror}); choose a writable folder"
+        ) from None
+    if (output_dir / "results.json").exists() and not (overwrite or resuming):
+        raise ConfigError(
+            f"--output_dir {output_dir} holds a finished run (results.json); pass --overwrite_output_dir "
+            "or choose another folder"
+        )
 
 
 def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
@@ -93,8 +133,13 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> Path 
     return path
 
 
-def load_checkpoint(accelerator, path: Path, world_size: int) -> TrainState:
+def load_checkpoint(accelerator, path: Path, world_size: int, signature: str) -> TrainState:
     record = json.loads((path / STATE_FILE).read_text())
+    if record.get("model_signature") not in (None, signature):
+        raise ConfigError(
+            f"--resume_from_checkpoint {path} was saved from a different model: {record['model_signature']}; "
+            f"this run builds {signature}"
+        )
     saved_world_size = record.pop("world_size")
     if saved_world_size != world_size:
         raise ConfigError(

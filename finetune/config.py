@@ -116,6 +116,8 @@ class TrainConfig:
         "YAML file holding any of these keys; command-line flags override it.", default=None
     )
 
+    debug: bool = _help("Show full Python tracebacks for errors instead of one line.", default=False)
+
     def __post_init__(self):
         positive = (
             "per_device_train_batch_size",

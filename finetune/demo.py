@@ -48,5 +48,5 @@ def main(argv: list[str] | None = None) -> dict:
 if __name__ == "__main__":
     try:
         main()
-    except mnli.ConfigError as error:
+    except (mnli.ConfigError, mnli.TrainingFailed) as error:
         sys.exit(f"error: {error}")

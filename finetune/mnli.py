@@ -14,16 +14,25 @@ if __package__ in (None, ""):
     # Run as a file: import this checkout's package, and keep finetune/ itself off sys.path.
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+import torch
 from accelerate.utils import set_seed
 from transformers import get_scheduler
 
-from finetune.checkpoint import TrainState, export_model, load_checkpoint, resolve_resume
+from finetune.checkpoint import (
+    TrainState,
+    check_output_dir,
+    export_model,
+    load_checkpoint,
+    model_signature,
+    resolve_resume,
+)
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
 from finetune.data import LABEL_NAMES, build_dataloaders, load_splits, tokenize_splits
 from finetune.loop import Run, evaluate_splits, load_metric, train
 from finetune.modeling import build_optimizer, load_model_and_tokenizer
 from finetune.runtime import (
     StopSignals,
+    TrainingFailed,
     TrainingInterrupted,
     build_accelerator,
     describe_runtime,
@@ -34,8 +43,23 @@ from finetune.steps import plan_steps
 from finetune.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
 
 
-def main(argv: list[str] | None = None) -> dict:
-    run = setup(parse_config(argv))
+def cli(argv: list[str] | None = None, build=None) -> int:
+    """The command line: a mistake or failure the user can act on is one line on stderr."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        main(argv, build or setup)
+    except (ConfigError, TrainingFailed) as error:
+        if "--debug" in argv and "false" not in argv[argv.index("--debug") + 1 :][:1]:
+            raise
+        print(f"error: {error}", file=sys.stderr)
+        return 2 if isinstance(error, ConfigError) else 1
+    except TrainingInterrupted as stopped:
+        return stopped.exit_code  # the main process already said where the checkpoint is
+    return 0
+
+
+def main(argv: list[str] | None = None, build=None) -> dict:
+    run = (build or setup)(parse_config(argv))
     try:
         results = execute(run)
     except TrainingInterrupted as stopped:
@@ -52,11 +76,7 @@ def setup(config: TrainConfig) -> Run:
     """Accelerator, data, model, optimizer, schedule, trackers; resumed state if asked for."""
     output_dir = Path(config.output_dir)
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
-    if (output_dir / "results.json").exists() and not (config.overwrite_output_dir or resume):
-        raise ConfigError(
-            f"--output_dir {output_dir} holds a finished run (results.json); pass --overwrite_output_dir "
-            "or choose another folder"
-        )
+    check_output_dir(output_dir, config.overwrite_output_dir, resuming=resume is not None)
     trackers = trackers_for(config.report_to)
     wandb_notice = wandb_offline_notice(trackers)
     accelerator = build_accelerator(config, trackers)
@@ -65,6 +85,7 @@ def setup(config: TrainConfig) -> Run:
 
     splits = load_splits(config)
     model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, LABEL_NAMES, config.max_length)
+    signature = model_signature(config.model_name_or_path, model)
     tokenized = tokenize_splits(splits, tokenizer, config.max_length, accelerator)
     train_loader, eval_loaders = build_dataloaders(
         tokenized, tokenizer, config, world_size, on_gpu=accelerator.device.type == "cuda"
@@ -89,7 +110,8 @@ def setup(config: TrainConfig) -> Run:
         raise ConfigError(
             f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(metrics)}"
         )
-    state = load_checkpoint(accelerator, resume, world_size) if resume else TrainState()
+    state = load_checkpoint(accelerator, resume, world_size, signature) if resume else TrainState()
+    state.model_signature = signature
 
     resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan)}
     state.tracker_run_id = start_trackers(
@@ -126,6 +148,12 @@ def execute(run: Run) -> dict:
         stop = StopSignals()
         try:
             last_eval, runtime_s, eval_runtime_s = train(run, stop)
+        except torch.OutOfMemoryError:
+            raise TrainingFailed(
+                f"out of memory at step {state.global_step + 1} with --per_device_train_batch_size "
+                f"{config.per_device_train_batch_size}: halve it and double --gradient_accumulation_steps "
+                f"to keep the global batch of {run.plan.global_batch_size}"
+            ) from None
         finally:
             stop.restore()
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
@@ -168,9 +196,4 @@ def close(run: Run) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ConfigError as error:
-        sys.exit(f"error: {error}")
-    except TrainingInterrupted as stopped:
-        sys.exit(stopped.exit_code)
+    sys.exit(cli())

@@ -18,6 +18,11 @@ def load_model_and_tokenizer(model_name_or_path: str, label_names: tuple[str, ..
             label2id={name: i for i, name in enumerate(label_names)},
         )
         model = AutoModelForSequenceClassification.from_pretrained(model_name_or_path, config=model_config)
+    except RuntimeError as error:  # weights whose shapes do not match config.json
+        raise ConfigError(
+            f"--model_name_or_path {model_name_or_path}: its weights do not fit its config.json "
+            f"({str(error).splitlines()[0][:120]})"
+        ) from None
     except OSError:
         raise ConfigError(
             f"--model_name_or_path {model_name_or_path}: no model there; pass a local folder "

@@ -35,6 +35,12 @@ def resolve_mixed_precision(requested: str) -> str:
 
 
 def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible not in (None, "", "-1") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"the accelerate config asks for GPU(s) {visible} but this machine has no CUDA GPU; "
+            "use --config_file accelerate_configs/cpu.yaml (or cpu_multiprocess.yaml)"
+        )
     if config.ddp_comm_hook == "bf16" and not torch.cuda.is_available():
         raise ConfigError(
             "--ddp_comm_hook bf16 needs CUDA GPUs with NCCL; use fp16 (works over gloo) or none"
@@ -102,6 +108,10 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"(warmup {plan.warmup_updates}, {plan.updates_per_epoch}/epoch)"
     )
     return line + (f" resuming from {resume} at step {global_step}" if resume else "")
+
+
+class TrainingFailed(Exception):
+    """The run cannot go on (out of memory, NaN loss, a failed write); the message says what to do."""
 
 
 class TrainingInterrupted(Exception):
