@@ -88,12 +88,12 @@ def save_checkpoint(
             f"writing {final.name} failed ({reason}); is the disk full? {intact}; free space, then "
             "continue with --resume_from_checkpoint auto"
         ) from error
-        if save_total_limit:
-            # Only after the new one is published, and never the best one.
-            best = f"{PREFIX}{state.best_step}"
-            for old in complete_checkpoints(output_dir)[:-save_total_limit]:
-                if old.name != best:
-                    shutil.rmtree(old)
+    if accelerator.is_main_process and save_total_limit:
+        # Only after the new one is published, and never the best one.
+        best = f"{PREFIX}{state.best_step}"
+        for old in complete_checkpoints(output_dir)[:-save_total_limit]:
+            if old.name != best:
+                shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
 

@@ -107,17 +107,8 @@ def train(run: Run, stop: StopSignals):
                     tokens_since_log += batch["attention_mask"].sum()
                     samples_since_log += labels.shape[0]
                     if accelerator.sync_gradients:
-                        if accelerator.gradient_state.end_of_dataloader:
-                            # The epoch's last window may hold fewer pairs (fewer micro-batches, a short
-                            # last batch). Rescale so the update is the mean over the pairs it really
-                            # saw, not the sum divided by a full window. All ranks reach this together.
-                            seen = accelerator.reduce(
-                                torch.tensor(window_samples, device=device), "sum"
-                            ).item()
-                            if seen != full_window:
-                                for p in model.parameters():
-                                    if p.grad is not None:
-                                        p.grad.mul_(full_window / seen)
+                        if accelerator.gradient_state.end_of_dataloader:  # every rank at once
+                            _average_over_real_window(accelerator, model, window_samples, full_window)
                         # With clipping off the norm is still measured (max inf): it is the NaN guard.
                         grad_norm = accelerator.clip_grad_norm_(
                             model.parameters(), config.max_grad_norm or math.inf
@@ -200,6 +191,17 @@ def train(run: Run, stop: StopSignals):
     state.samples_seen += samples
     state.tokens_seen += tokens
     return last_eval, time.perf_counter() - tic - eval_seconds, eval_seconds
+
+
+def _average_over_real_window(accelerator, model, window_samples: int, full_window: int) -> None:
+    """Collective. The epoch's last window may hold fewer pairs (fewer micro-batches, a short last
+    batch): rescale its gradients so the update is the mean over the pairs it really saw, not
+    their sum divided by a full window (what accumulate alone, HF Trainer and Lightning do)."""
+    seen = accelerator.reduce(torch.tensor(window_samples, device=accelerator.device), "sum").item()
+    if seen != full_window:
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(full_window / seen)
 
 
 def _diverged(step: int, output_dir: str) -> TrainingFailed:

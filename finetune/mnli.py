@@ -84,6 +84,11 @@ def setup(config: TrainConfig) -> Run:
     set_seed(config.seed)
 
     splits = load_splits(config)
+    measured = [f"eval_{name.removeprefix('validation_')}_accuracy" for name in splits if name != "train"]
+    if config.metric_for_best_model not in measured:
+        raise ConfigError(
+            f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
+        )
     model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, LABEL_NAMES, config.max_length)
     signature = model_signature(config.model_name_or_path, model)
     tokenized = tokenize_splits(splits, tokenizer, config.max_length, accelerator)
@@ -105,11 +110,6 @@ def setup(config: TrainConfig) -> Run:
         model, optimizer, train_loader, scheduler, *eval_loaders.values()
     )
     eval_loaders = dict(zip(eval_loaders, prepared, strict=True))
-    metrics = [f"eval_{name.removeprefix('validation_')}_accuracy" for name in eval_loaders]
-    if config.metric_for_best_model not in metrics:
-        raise ConfigError(
-            f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(metrics)}"
-        )
     state = load_checkpoint(accelerator, resume, world_size, signature) if resume else TrainState()
     state.model_signature = signature
 

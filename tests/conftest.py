@@ -10,6 +10,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 os.environ.pop("WANDB_MODE", None)
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
@@ -95,8 +96,8 @@ def tiny_args(model_dir: Path, files: dict[str, Path], output_dir: Path, *extra:
 def run_cli(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs a command the way a user types it, from the repository root.
 
-    The command gets its own process group, so a launcher's workers die with it on a timeout
-    instead of outliving the test.
+    On a timeout the whole process tree is killed: launchers start workers in sessions of their
+    own, which would otherwise outlive the test.
     """
     merged = {**os.environ, **(env or {})}
     with subprocess.Popen(
@@ -111,10 +112,29 @@ def run_cli(args: list[str], env: dict | None = None, timeout: float = 300) -> s
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
+            kill_tree(process.pid)
             stdout, stderr = process.communicate()
             raise AssertionError(f"timed out after {timeout} s: {' '.join(args)}\n{stderr[-3000:]}") from None
     return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant, found through /proc before any of them dies."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        tree.append(current)
+        queue.extend(children.get(current, []))
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -101,6 +101,14 @@ CASES = {
         ),
         "label value(s) 'maybe' (first at row 0)",
     ),
+    "hub id while offline": (
+        lambda a, t: with_flag(a, "--model_name_or_path", "bert-base-cased"),
+        "(unset HF_HUB_OFFLINE)",
+    ),
+    "metric that the run does not measure": (
+        lambda a, t: with_flag(a, "--metric_for_best_model", "eval_mismatched_accuracy"),
+        "this run measures eval_matched_accuracy",
+    ),
     "model path that does not exist": (
         lambda a, t: with_flag(a, "--model_name_or_path", str(t / "no-model")),
         "HF_HUB_OFFLINE",
@@ -188,10 +196,16 @@ def test_resume_with_another_model(tiny_model_dir, nli_files, finished, tmp_path
     fails_cleanly([*ENTRY, *args], finished, "was saved from a different model")
 
 
-def test_gpu_config_on_a_machine_without_gpus(good, finished):
+@pytest.mark.parametrize(
+    ("config", "gpus"),
+    [("single_gpu.yaml", "0"), ("multi_gpu.yaml", "0,1,2,3,4,5,6,7")],
+    ids=["single", "multi"],
+)
+def test_gpu_config_on_a_machine_without_gpus(config, gpus, good, finished):
     launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--config_file",
-              "accelerate_configs/single_gpu.yaml", "finetune/mnli.py"]  # fmt: skip
-    expected = "asks for GPU(s) 0 but this machine has no CUDA GPU"
+              f"accelerate_configs/{config}", "--num_processes", "1" if config == "single_gpu.yaml" else "2",
+              "finetune/mnli.py"]  # fmt: skip
+    expected = f"asks for GPU(s) {gpus} but this machine has no CUDA GPU"
     fails_cleanly([*launch, *good], finished, expected, launcher_traceback=True)
 
 

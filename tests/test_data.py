@@ -118,3 +118,24 @@ def test_sampler_groups_lengths_and_reshuffles_every_epoch():
     assert list(grouped) != first
     grouped.set_epoch(0)
     assert list(grouped) == first  # a pure function of (seed, epoch): resume sees the same order
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_sampler_shards_cover_every_index_once_per_world_size(world_size):
+    """Through Accelerate's own sharding: each rank a share, together every index, none twice
+    (beyond the rows Accelerate repeats to even out the last batches)."""
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    batch = 16
+    sampler = LengthGroupedSampler(LENGTHS, mega_batch_size=50 * batch * world_size, seed=3)
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        shards = [
+            [i for b in BatchSamplerShard(BatchSampler(sampler, batch, False), world_size, rank) for i in b]
+            for rank in range(world_size)
+        ]
+        seen = [i for shard in shards for i in shard]
+        assert set(seen) == set(range(len(LENGTHS)))
+        assert len(seen) - len(LENGTHS) < world_size * batch  # only the evening-out repeats
+        assert len({len(s) for s in shards}) == 1

