@@ -119,7 +119,6 @@ def setup(config: TrainConfig) -> Run:
     )
     log = None
     if accelerator.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "train_config.json").write_text(json.dumps(resolved, indent=2))
         log = MetricsLog(accelerator, config.output_dir, resumed_step=state.global_step if resume else None)
         if wandb_notice:

@@ -61,7 +61,6 @@ class MetricsLog:
     def __init__(self, accelerator, output_dir: str, resumed_step: int | None):
         self.accelerator = accelerator
         self.path = Path(output_dir) / "metrics.jsonl"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = []
         if resumed_step is not None and self.path.exists():
             # Lines past the checkpoint came from steps that are about to be replayed.
