@@ -45,6 +45,7 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         raise ConfigError(
             "--ddp_comm_hook bf16 needs CUDA GPUs with NCCL; use fp16 (works over gloo) or none"
         )
+    join_restarted_job()
     ddp = DistributedDataParallelKwargs(
         bucket_cap_mb=config.ddp_bucket_cap_mb,
         find_unused_parameters=config.ddp_find_unused_parameters,
@@ -70,6 +71,30 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     return accelerator
+
+
+def join_restarted_job() -> None:
+    """After a torchrun/`accelerate launch --max_restarts` restart, join the process group under a
+    store prefix of this attempt.
+
+    The elastic agent keeps one TCPStore for the whole job and the workers' process group reads its
+    peers' addresses from it without an attempt prefix (pytorch/pytorch#135712): a restarted rank
+    can read the dead attempt's address and fail with "Connection refused" or hang. Every local
+    worker of an attempt shares TORCHELASTIC_RESTART_COUNT; Accelerate then uses this group as is.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    store = torch.distributed.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False
+    )
+    torch.distributed.init_process_group(
+        "nccl" if torch.cuda.is_available() else "gloo",
+        store=torch.distributed.PrefixStore(f"finetune/attempt_{attempt}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=world_size,
+    )
 
 
 def check_world_size(launched: int, joined: int) -> None:

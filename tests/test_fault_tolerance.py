@@ -21,10 +21,17 @@ BIN = os.path.dirname(PYTHON)
 EPOCHS = ["--num_train_epochs", "8", "--checkpointing_steps", "10"]  # 38 steps/epoch on 1 rank, 19 on 2
 
 
-def launcher(nproc: int) -> list[str]:
+def launcher(nproc: int, *extra: str) -> list[str]:
     if nproc == 1:
         return [PYTHON]
-    return [os.path.join(BIN, "torchrun"), "--nproc_per_node", str(nproc), "--master_port", str(free_port())]
+    return [
+        os.path.join(BIN, "torchrun"),
+        "--nproc_per_node",
+        str(nproc),
+        "--master_port",
+        str(free_port()),
+        *extra,
+    ]
 
 
 def start(command: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
@@ -155,6 +162,30 @@ def test_sigterm_checkpoints_exits_and_resumes_the_same_wandb_run(
     assert_bitwise_equal(out, reference)
     runs = sorted(p.name for p in (out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and len({name.rsplit("-", 1)[1] for name in runs}) == 1  # one W&B run id
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_torchrun_restarts_a_crashed_worker_and_resumes(tiny_model_dir, nli_files, tmp_path, rendezvous):
+    """Rank 1 exits mid-epoch on the first attempt; the agent restarts both ranks, which resume.
+
+    The restarted ranks must not read the dead attempt's addresses from the agent's store
+    (pytorch/pytorch#135712): without `join_restarted_job` about half of these restarts fail."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--num_train_epochs", "4", "--checkpointing_steps", "10")
+    command = [
+        *launcher(2, "--max_restarts", "1", "--rdzv_backend", rendezvous),
+        "tests/probes/die_once.py",
+        *args,
+        "--resume_from_checkpoint",
+        "auto",
+    ]
+    done = run_cli(command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (out / "died_once").exists()
+    assert "resuming from" in done.stdout
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["global_step"] == 4 * 19
 
 
 def test_rotation_keeps_the_newest_and_the_best(tiny_model_dir, nli_files, tmp_path):
