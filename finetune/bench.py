@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the 4 runs; medians are printed")
     parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak; measured if unset")
+    parser.add_argument("--output_dir", default="outputs/bench", help="where bench.json and bench.png go")
     parser.add_argument("--child", choices=(*RUNS, "prep"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--rows_multiplier", type=int, default=1, help=argparse.SUPPRESS)
@@ -74,6 +75,12 @@ def run_benchmark(args) -> None:
     print("\ndata preparation (load + tokenize, fresh cache):")
     for k, r in prep.items():
         print(f"  {k:>2}x rows ({int(r['rows']):,}): {r['prep_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    measured = {"args": vars(args), "peak_flops": peak, "runs": table, "prep": prep, "rounds": rounds}
+    (out / "bench.json").write_text(json.dumps(measured, indent=2))
+    draw_chart(table, args, out / "bench.png")
+    print(f"\n{out / 'bench.json'}, {out / 'bench.png'}")
 
 
 def child(name: str, args, rows_multiplier: int = 1) -> dict:
@@ -121,6 +128,48 @@ def print_table(table: dict, args) -> None:
         )
     overhead = table["bare"]["train_samples_per_second"] / table["toolkit"]["train_samples_per_second"] - 1
     print(f"\ntoolkit overhead vs the bare loop: {overhead:+.1%} (positive: the bare loop is faster)")
+
+
+LABELS = {
+    "toolkit": "finetune",
+    "trainer": "Trainer defaults",
+    "trainer_tuned": "Trainer tuned",
+    "bare": "bare Accelerate loop",
+}
+
+
+def draw_chart(table: dict, args, png: Path) -> None:
+    """Two bar panels: training samples/s and whole-run wall time, with ratios to Trainer defaults."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(table)
+    labels = [LABELS[n] for n in names]
+    colors = ["tab:blue" if n == "toolkit" else "tab:gray" for n in names]
+    base = table["trainer"]
+    figure, (speed, wall) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=100)
+    panels = (
+        (speed, "train_samples_per_second", "training samples/s (higher is better)", True),
+        (wall, "wall_s", "whole-run wall time, s (lower is better)", False),
+    )
+    for axis, key, title, higher_is_better in panels:
+        values = [table[n][key] for n in names]
+        ratios = [v / base[key] if higher_is_better else base[key] / v for v in values]
+        bars = axis.barh(labels, values, color=colors)
+        axis.bar_label(bars, [f"{v:.1f}  ({r:.2f}x)" for v, r in zip(values, ratios, strict=True)], padding=3)
+        axis.set_title(title, fontsize="medium")
+        axis.invert_yaxis()
+        axis.set_xlim(0, max(values) * 1.35)
+    figure.suptitle(
+        f"MiniLM-L6, {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
+        f"batch {args.batch_size}, {args.repeats} round(s); ratios against Trainer defaults",
+        fontsize="medium",
+    )
+    figure.tight_layout()
+    figure.savefig(png)
+    plt.close(figure)
 
 
 def measure_bf16_peak(size: int = 2048, seconds: float = 3.0) -> float:
@@ -316,7 +365,7 @@ def run_prep(args) -> dict:
         config = TrainConfig(
             train_file=str(train), validation_file=str(_files(args)["validation"]), max_eval_samples=1
         )
-        tokenized = tokenize_splits(load_splits(config), AutoTokenizer.from_pretrained(_model_dir()), 128,
+        tokenized = tokenize_splits(*load_splits(config), AutoTokenizer.from_pretrained(_model_dir()), 128,
                                     Accelerator(cpu=True))  # fmt: skip
         return {"prep_s": time.perf_counter() - started, "rows": float(len(tokenized["train"]))}
 

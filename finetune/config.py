@@ -11,8 +11,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import huggingface_hub.constants
 import yaml
 from transformers import HfArgumentParser, SchedulerType
+
+from finetune.tasks import GLUE_TASKS, TASK_CHOICES
 
 DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
 REPORT_TO_CHOICES = ("wandb", "tensorboard", "all", "none")
@@ -30,21 +33,31 @@ def _help(text: str, **kwargs):
 
 @dataclass
 class TrainConfig:
-    # --- model and data
+    # --- task, model and data
+    task_name: str = _help(
+        f"GLUE task ({', '.join(GLUE_TASKS)}) or custom (your files, labels inferred).", default="mnli"
+    )
     model_name_or_path: str = _help(
         "Hub model id or local folder with config, weights and tokenizer.", default="bert-base-cased"
     )
     dataset_name: str | None = _help(
-        "Hub dataset id; ignored when --train_file is given.", default="nyu-mll/glue"
+        "Hub dataset id; ignored when local files are given.", default="nyu-mll/glue"
     )
-    dataset_config_name: str | None = _help("Hub dataset config (subset) name.", default="mnli")
+    dataset_config_name: str | None = _help("Hub dataset subset; default: the task name.", default=None)
     train_file: str | None = _help(
-        "Local training file (.jsonl/.csv/.tsv with premise, hypothesis, label).", default=None
+        "Local training file (.jsonl/.json/.csv/.tsv: text column(s) and a label column).", default=None
     )
-    validation_file: str | None = _help("Local validation (matched) file, same columns.", default=None)
+    validation_file: str | None = _help("Local validation (MNLI: matched) file, same columns.", default=None)
     validation_mismatched_file: str | None = _help(
-        "Optional local validation-mismatched file, same columns.", default=None
+        "Optional local MNLI validation-mismatched file, same columns.", default=None
     )
+    test_file: str | None = _help(
+        "Local file to predict with --do_predict; only the text column(s) are needed.", default=None
+    )
+    text_columns: str | None = _help(
+        "Comma-separated text column(s) of the files, one or two; default: the task's own.", default=None
+    )
+    label_column: str = _help("Label column of the files (class name, class id or a float).", default="label")
     max_length: int = _help("Longest tokenized pair in tokens; longer pairs are truncated.", default=128)
     max_train_samples: int | None = _help("Use only the first N training rows (debugging).", default=None)
     max_eval_samples: int | None = _help("Use only the first N rows of each evaluation set.", default=None)
@@ -72,8 +85,8 @@ class TrainConfig:
         default="auto",
     )
     # --- outputs, checkpoints, logging
-    output_dir: str = _help(
-        "Folder for the model, results.json, metrics.jsonl, checkpoints.", default="outputs/mnli"
+    output_dir: str | None = _help(
+        "Folder for the model, results, metrics, checkpoints; default outputs/<task_name>.", default=None
     )
     overwrite_output_dir: bool = _help(
         "Allow writing into an output_dir that holds a finished run.", default=False
@@ -87,18 +100,29 @@ class TrainConfig:
     save_total_limit: int | None = _help(
         "Keep the newest N checkpoints (plus the best one); older ones are removed.", default=None
     )
-    metric_for_best_model: str = _help(
-        "Evaluation metric (higher is better) that picks the best model, kept in output_dir/best_model.",
-        default="eval_matched_accuracy",
+    metric_for_best_model: str | None = _help(
+        "Evaluation metric (higher is better) that picks the best model, kept in output_dir/best_model; "
+        "default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for CoLA).",
+        default=None,
     )
     logging_steps: int = _help("Log loss, learning rate and throughput every N optimizer steps.", default=50)
     report_to: str = _help(
         "Tracker: wandb, tensorboard, all or none (metrics.jsonl is always written).", default="wandb"
     )
-    project_name: str = _help("Tracker project name (the W&B project).", default="finetune-mnli")
+    project_name: str | None = _help(
+        "Tracker project name (the W&B project); default finetune-<task_name>.", default=None
+    )
     dataloader_num_workers: int = _help("Worker processes feeding each training process.", default=0)
     do_train: bool = _help(
-        "Train; with false, only evaluate --model_name_or_path on the validation sets.", default=True
+        "Train; with false, only evaluate (and/or predict with) --model_name_or_path.", default=True
+    )
+    do_predict: bool = _help(
+        "Write output_dir/predictions.jsonl: label and probabilities for every row of --test_file.",
+        default=False,
+    )
+    push_to_hub: bool = _help("Upload the model, its card and results to the Hub at the end.", default=False)
+    hub_model_id: str | None = _help(
+        "Hub repository for --push_to_hub (user/name); default: the output_dir's name.", default=None
     )
     # --- DDP (multi-process runs; passed to torch DistributedDataParallel through accelerate)
     ddp_bucket_cap_mb: int = _help("Gradient bucket size in MB for DDP all-reduce.", default=25)
@@ -148,14 +172,24 @@ class TrainConfig:
             raise ConfigError(
                 f"--ddp_comm_hook must be one of {', '.join(DDP_COMM_HOOKS)}, got {self.ddp_comm_hook!r}"
             )
-        if not (
-            self.metric_for_best_model.startswith("eval_")
-            and self.metric_for_best_model.endswith("_accuracy")
-        ):
+        if self.task_name not in TASK_CHOICES:
+            raise ConfigError(f"--task_name must be one of {', '.join(TASK_CHOICES)}, got {self.task_name!r}")
+        self.output_dir = self.output_dir or f"outputs/{self.task_name}"
+        self.project_name = self.project_name or f"finetune-{self.task_name}"
+        self.dataset_config_name = self.dataset_config_name or self.task_name
+        if self.metric_for_best_model is not None and not self.metric_for_best_model.startswith("eval_"):
             raise ConfigError(
-                f"--metric_for_best_model must name an evaluation accuracy such as eval_matched_accuracy, "
+                f"--metric_for_best_model must name an evaluation metric such as eval_accuracy, "
                 f"got {self.metric_for_best_model!r}"
             )
+        if self.text_columns is not None and not 1 <= len(self.text_column_names) <= 2:
+            raise ConfigError(f"--text_columns takes 1 or 2 comma-separated names, got {self.text_columns!r}")
+        if self.task_name == "custom" and not self.text_columns:
+            raise ConfigError("--task_name custom needs --text_columns (one column, or two for pairs)")
+        if self.validation_mismatched_file and self.task_name != "mnli":
+            raise ConfigError("--validation_mismatched_file is for MNLI only; use --validation_file")
+        if self.push_to_hub and huggingface_hub.constants.HF_HUB_OFFLINE:
+            raise ConfigError("--push_to_hub needs the Hub; HF_HUB_OFFLINE is set: unset it or drop the flag")
         if self.mixed_precision not in MIXED_PRECISION_CHOICES:
             raise ConfigError(f"--mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}")
         if self.report_to not in REPORT_TO_CHOICES:
@@ -168,24 +202,37 @@ class TrainConfig:
         cs = self.checkpointing_steps
         if cs is not None and cs != "epoch" and not (cs.isdigit() and int(cs) > 0):
             raise ConfigError(f"--checkpointing_steps must be a positive integer or 'epoch', got {cs!r}")
-        if (self.validation_file or self.validation_mismatched_file) and not self.train_file:
-            raise ConfigError(
-                "--validation_file needs --train_file too (local files replace the Hub dataset)"
-            )
-        if self.train_file and not self.validation_file:
-            raise ConfigError("--train_file needs --validation_file too (the run is judged on it)")
-        for name in ("train_file", "validation_file", "validation_mismatched_file"):
+        for name in ("train_file", "validation_file", "validation_mismatched_file", "test_file"):
             path = getattr(self, name)
             if path and Path(path).suffix.lower() not in DATA_EXTENSIONS:
                 raise ConfigError(
                     f"--{name} {path}: unsupported extension; use one of {', '.join(DATA_EXTENSIONS)}"
                 )
-        if not self.train_file and not self.dataset_name:
-            raise ConfigError("give --train_file/--validation_file, or a Hub --dataset_name")
+        if self.uses_local_files:
+            if self.do_train and not (self.train_file and self.validation_file):
+                raise ConfigError(
+                    "training on local files needs --train_file and --validation_file (it judges the run)"
+                )
+            if self.do_predict and not self.test_file:
+                raise ConfigError("--do_predict on local files needs --test_file")
+            if not self.do_train and not (self.validation_file or self.do_predict):
+                raise ConfigError(
+                    "--do_train false: give --validation_file to evaluate, or --do_predict with --test_file"
+                )
+        elif not self.dataset_name:
+            raise ConfigError("give local files (--train_file/--validation_file), or a Hub --dataset_name")
+        elif self.task_name == "custom":
+            raise ConfigError("--task_name custom reads local files: give --train_file and --validation_file")
 
     @property
     def uses_local_files(self) -> bool:
-        return self.train_file is not None
+        return any((self.train_file, self.validation_file, self.validation_mismatched_file, self.test_file))
+
+    @property
+    def text_column_names(self) -> tuple[str, ...] | None:
+        if self.text_columns is None:
+            return None
+        return tuple(c.strip() for c in self.text_columns.split(",") if c.strip())
 
     @property
     def checkpoint_every_epoch(self) -> bool:

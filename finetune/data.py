@@ -1,4 +1,4 @@
-"""MNLI data: local files or the Hub, labels in the GLUE convention, cached tokenization, dataloaders."""
+"""Task data: local files or the Hub, labels as class ids, cached tokenization, dataloaders."""
 
 from __future__ import annotations
 
@@ -8,39 +8,62 @@ from pathlib import Path
 import torch
 from datasets import Dataset, Value, load_dataset
 from torch.utils.data import DataLoader, Sampler
-from transformers import DataCollatorWithPadding
+from transformers import AutoConfig, DataCollatorWithPadding
 
 from finetune.config import ConfigError, TrainConfig
+from finetune.tasks import GLUE_TASKS, Task, custom_task
 
-LABEL_NAMES = ("entailment", "neutral", "contradiction")
-TEXT_COLUMNS = ("premise", "hypothesis")
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels")
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "row")
 
 
-def load_splits(config: TrainConfig) -> dict[str, Dataset]:
-    """Raw splits with an integer `label` column: train, validation_matched[, validation_mismatched]."""
+def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
+    """The task, with its label names settled, and its raw splits: train, the validation split(s),
+    test. Labels become a `label` column of class ids (floats for regression); test has none."""
+    task = GLUE_TASKS.get(config.task_name)
+    columns = config.text_column_names or task.text_columns
+    wanted = {
+        "train": config.do_train,
+        **dict.fromkeys(task.validation_splits if task else ("validation",), True),
+        "test": config.do_predict,
+    }
     if config.uses_local_files:
-        files = {"train": config.train_file, "validation_matched": config.validation_file}
-        if config.validation_mismatched_file:
-            files["validation_mismatched"] = config.validation_mismatched_file
-        splits = {name: _load_file(path) for name, path in files.items()}
-        sources = files
+        files = {
+            "train": config.train_file,
+            (task.validation_splits[0] if task else "validation"): config.validation_file,
+            "validation_mismatched": config.validation_mismatched_file,
+            "test": config.test_file,
+        }
+        sources = {name: path for name, path in files.items() if path and wanted.get(name)}
+        splits = {
+            name: _load_file(path, columns if name == "test" else (*columns, config.label_column))
+            for name, path in sources.items()
+        }
+        if config.label_column != "label":
+            splits = {n: _label_column_as_label(s, config.label_column) for n, s in splits.items()}
     else:
         hub = load_dataset(config.dataset_name, config.dataset_config_name)
-        names = [n for n in ("train", "validation_matched", "validation_mismatched") if n in hub]
-        splits = {n: hub[n] for n in names}
-        sources = {n: f"{config.dataset_name}/{config.dataset_config_name}:{n}" for n in names}
+        sources = {n: f"{config.dataset_name}/{config.dataset_config_name}:{n}" for n in wanted if n in hub}
+        splits = {n: hub[n] for n in sources if wanted[n]}
+    if "test" in splits:  # GLUE's test labels are hidden (-1); predictions never need them
+        splits["test"] = splits["test"].remove_columns(
+            [c for c in ("label",) if c in splits["test"].column_names]
+        )
+    if task is None:
+        task = custom_task(columns, _custom_label_names(splits, config))
+    else:
+        task = task.with_columns(config.text_column_names)
     for name, split in splits.items():
-        splits[name] = _normalize_labels(split, sources[name])
-    limits = {"train": config.max_train_samples}
+        if name != "test":
+            splits[name] = _normalize_labels(split, sources[name], task)
+    limits = {"train": config.max_train_samples, "test": None}
     for name, split in splits.items():
         limit = limits.get(name, config.max_eval_samples)
         if limit is not None and limit < len(split):
             splits[name] = split.select(range(limit))
-    return splits
+    return task, splits
 
 
-def _load_file(path: str) -> Dataset:
+def _load_file(path: str, columns: tuple[str, ...]) -> Dataset:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"data file {path} does not exist; check the path")
@@ -56,19 +79,60 @@ def _load_file(path: str) -> Dataset:
         )
     else:
         dataset = load_dataset("csv", data_files=str(file), split="train")
-    missing = [c for c in (*TEXT_COLUMNS, "label") if c not in dataset.column_names]
+    missing = [c for c in columns if c not in dataset.column_names]
     if missing:
         raise ConfigError(
-            f"data file {path} lacks column(s) {', '.join(missing)}; found {', '.join(dataset.column_names)}"
+            f"data file {path} lacks column(s) {', '.join(missing)}; found {', '.join(dataset.column_names)} "
+            "(name yours with --text_columns and --label_column)"
         )
     return dataset
 
 
-def _normalize_labels(dataset: Dataset, source: str) -> Dataset:
-    """Labels as 0/1/2 (GLUE: entailment, neutral, contradiction), given as ints or those words."""
-    to_id = {name: i for i, name in enumerate(LABEL_NAMES)}
-    to_id.update({str(i): i for i in range(len(LABEL_NAMES))})
-    to_id.update({i: i for i in range(len(LABEL_NAMES))})
+def _label_column_as_label(dataset: Dataset, label_column: str) -> Dataset:
+    if label_column not in dataset.column_names:  # a test file without labels
+        return dataset
+    if "label" in dataset.column_names:
+        dataset = dataset.remove_columns("label")
+    return dataset.rename_column(label_column, "label")
+
+
+def _custom_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tuple[str, ...] | None:
+    """Sorted distinct training labels (numerically when they are integers); float labels: None
+    (regression). Without training, the names the model was trained with (its config.json)."""
+    if "train" not in splits:
+        try:
+            model_config = AutoConfig.from_pretrained(config.model_name_or_path)
+        except OSError:
+            raise ConfigError(
+                f"--model_name_or_path {config.model_name_or_path}: no model config there to read "
+                "the label names from"
+            ) from None
+        if model_config.problem_type == "regression":
+            return None
+        return tuple(model_config.id2label[i] for i in range(model_config.num_labels))
+    train = splits["train"]
+    if train.features["label"].dtype.startswith("float"):
+        return None
+    values = [v for v in train.unique("label") if v is not None]
+    if all(isinstance(v, int) for v in values):
+        return tuple(str(v) for v in sorted(values))
+    return tuple(sorted({str(v).strip() for v in values}))
+
+
+def _normalize_labels(dataset: Dataset, source: str, task: Task) -> Dataset:
+    """Class ids in the task's order, from names (any case) or, for GLUE tasks, ids; regression: float32."""
+    features = dataset.features.copy()
+    if task.is_regression:
+        if dataset.features["label"].dtype not in ("float32", "float64", "int32", "int64"):
+            raise ConfigError(f"{source}: the regression task needs numeric labels")
+        features["label"] = Value("float32")
+        return dataset.cast(features)
+    names = task.label_names
+    if task.name == "custom":  # the inferred names are the labels as written (integers: as digits)
+        to_id = {int(name): i for i, name in enumerate(names) if name.lstrip("-").isdigit()}
+    else:  # GLUE files hold class ids, Hub-style, or names
+        to_id = {i: i for i in range(len(names))} | {str(i): i for i in range(len(names))}
+    to_id.update({name.lower(): i for i, name in enumerate(names)})
 
     def key(value):
         return value.strip().lower() if isinstance(value, str) else value
@@ -77,13 +141,10 @@ def _normalize_labels(dataset: Dataset, source: str) -> Dataset:
     if bad:
         first_row = dataset["label"].index(bad[0])
         shown = ", ".join(repr(v) for v in bad[:5])
-        raise ConfigError(
-            f"{source}: label value(s) {shown} (first at row {first_row}) are not in "
-            f"0/1/2 or {'/'.join(LABEL_NAMES)}"
-        )
-    if all(isinstance(v, int) for v in dataset.unique("label")):
+        allowed = "/".join(names) if task.name == "custom" else f"0..{len(names) - 1} or {'/'.join(names)}"
+        raise ConfigError(f"{source}: label value(s) {shown} (first at row {first_row}) are not in {allowed}")
+    if all(isinstance(v, int) for v in dataset.unique("label")) and task.name != "custom":
         return dataset
-    features = dataset.features.copy()
     features["label"] = Value("int64")
     return dataset.map(
         lambda b: {"label": [to_id[key(v)] for v in b["label"]]},
@@ -94,20 +155,31 @@ def _normalize_labels(dataset: Dataset, source: str) -> Dataset:
 
 
 def tokenize_splits(
-    splits: dict[str, Dataset], tokenizer, max_length: int, accelerator
+    task: Task, splits: dict[str, Dataset], tokenizer, max_length: int, accelerator
 ) -> dict[str, Dataset]:
-    """Token ids plus a `length` column; cached by `datasets`, so a second run skips the work."""
+    """Token ids plus a `length` column (test: the `row` number instead of labels); cached by
+    `datasets`, so a second run skips the work."""
 
-    def encode(batch):
-        encoded = tokenizer(batch["premise"], batch["hypothesis"], truncation=True, max_length=max_length)
-        encoded["labels"] = batch["label"]
+    def encode(batch, rows):
+        texts = [[str(t) if t is not None else "" for t in batch[c]] for c in task.text_columns]
+        encoded = tokenizer(*texts, truncation=True, max_length=max_length)
+        if "label" in batch:
+            encoded["labels"] = batch["label"]
+        else:
+            encoded["row"] = rows
         encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
         return encoded
 
     # Rank 0 tokenizes and writes the cache first; the other ranks then read it instead of redoing it.
     with accelerator.main_process_first():
         return {
-            name: split.map(encode, batched=True, remove_columns=split.column_names, desc=f"tokenize {name}")
+            name: split.map(
+                encode,
+                batched=True,
+                with_indices=True,
+                remove_columns=split.column_names,
+                desc=f"tokenize {name}",
+            )
             for name, split in splits.items()
         }
 
@@ -148,7 +220,8 @@ class LengthGroupedSampler(Sampler[int]):
 
 def build_dataloaders(
     tokenized: dict[str, Dataset], tokenizer, config: TrainConfig, world_size: int, on_gpu: bool
-) -> tuple[DataLoader, dict[str, DataLoader]]:
+) -> dict[str, DataLoader]:
+    """One loader per split: train in seeded length-grouped order, the others sorted by length."""
     # Tensor cores want sequence lengths in multiples of 8; on CPU that would only add padding.
     collator = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if on_gpu else None)
     workers = config.dataloader_num_workers
@@ -158,32 +231,32 @@ def build_dataloaders(
         "pin_memory": on_gpu,
         "persistent_workers": workers > 0,
     }
-    train = tokenized["train"]
-    sampler = LengthGroupedSampler(
-        train["length"],
-        mega_batch_size=50 * config.per_device_train_batch_size * world_size,
-        seed=config.seed,
-        group_by_length=config.group_by_length,
-    )
-    train_loader = DataLoader(
-        train.select_columns([c for c in MODEL_INPUTS if c in train.column_names]),
-        batch_size=config.per_device_train_batch_size,
-        sampler=sampler,
-        # Its own generator, so starting an epoch draws nothing from the global RNG that dropout uses.
-        generator=torch.Generator().manual_seed(config.seed),
-        **common,
-    )
-    eval_loaders = {}
+    loaders = {}
     for name, split in tokenized.items():
+        inputs = split.select_columns([c for c in MODEL_INPUTS if c in split.column_names])
         if name == "train":
+            sampler = LengthGroupedSampler(
+                split["length"],
+                mega_batch_size=50 * config.per_device_train_batch_size * world_size,
+                seed=config.seed,
+                group_by_length=config.group_by_length,
+            )
+            loaders[name] = DataLoader(
+                inputs,
+                batch_size=config.per_device_train_batch_size,
+                sampler=sampler,
+                # Its own generator: starting an epoch draws nothing from the global RNG dropout uses.
+                generator=torch.Generator().manual_seed(config.seed),
+                **common,
+            )
             continue
         lengths = split["length"]
-        # Length-sorted evaluation pads almost nothing; accuracy does not depend on the order.
-        order = sorted(range(len(lengths)), key=lengths.__getitem__)
-        eval_loaders[name] = DataLoader(
-            split.select_columns([c for c in MODEL_INPUTS if c in split.column_names]),
+        # Length-sorted evaluation pads almost nothing; metrics do not depend on the order, and
+        # predictions carry their row number back to the input order.
+        loaders[name] = DataLoader(
+            inputs,
             batch_size=config.per_device_eval_batch_size,
-            sampler=order,
+            sampler=sorted(range(len(lengths)), key=lengths.__getitem__),
             **common,
         )
-    return train_loader, eval_loaders
+    return loaders

@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"  data:    {files['train'].parent}\n"
         f"  model:   {OUTPUT_DIR}/model.safetensors (+ config.json, tokenizer files)\n"
         f"  results: {OUTPUT_DIR}/results.json, per-step log {OUTPUT_DIR}/metrics.jsonl\n"
+        f"  card:    {OUTPUT_DIR}/README.md, curves {OUTPUT_DIR}/training_curves.png\n"
         f'  try it:  python -c "from transformers import pipeline; '
         f"print(pipeline('text-classification', model='{OUTPUT_DIR}')"
         f"({{'text': 'A man is playing a guitar.', 'text_pair': 'Nobody is playing music.'}}))\""

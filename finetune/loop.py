@@ -1,4 +1,4 @@
-"""The training loop and evaluation, written once against `accelerate.Accelerator`."""
+"""The training loop, written once against `accelerate.Accelerator`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import evaluate as hf_evaluate
 import torch
-import torch.nn.functional as F
 from accelerate import skip_first_batches
 from tqdm.auto import tqdm
 
@@ -21,18 +19,11 @@ from finetune.checkpoint import (
     save_checkpoint,
 )
 from finetune.config import TrainConfig
+from finetune.evaluation import evaluate_splits, load_metric, loss_sum
 from finetune.runtime import StopSignals, TrainingFailed, TrainingInterrupted
 from finetune.steps import StepPlan
+from finetune.tasks import Task
 from finetune.tracking import MetricsLog
-
-METRICS_DIR = Path(__file__).parent / "metrics"
-
-
-def load_metric(name: str, accelerator):
-    # The metric module ships with the package, so this needs no Hub; rank 0 copies it into the
-    # modules cache first so ranks do not race on that copy.
-    with accelerator.main_process_first():
-        return hf_evaluate.load(str(METRICS_DIR / name))
 
 
 @dataclass
@@ -40,6 +31,7 @@ class Run:
     """Everything `finetune.mnli.setup` builds for one run."""
 
     config: TrainConfig
+    task: Task
     accelerator: object
     model: object
     tokenizer: object
@@ -47,9 +39,14 @@ class Run:
     scheduler: object
     train_loader: object
     eval_loaders: dict
+    test_loader: object
     plan: StepPlan
     state: TrainState
     log: MetricsLog | None
+    rows: dict
+    """Rows per split after --max_*_samples, for the model card and the prediction check."""
+    started_s: float
+    """time.perf_counter() when setup began: the model card's wall time."""
 
 
 def train(run: Run, stop: StopSignals):
@@ -58,18 +55,11 @@ def train(run: Run, stop: StopSignals):
     Returns the last evaluation, the training seconds and the evaluation seconds. A stop signal
     ends the run after the current step with a checkpoint and `TrainingInterrupted`.
     """
-    accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, run.scheduler
-    config, plan, state, log = run.config, run.plan, run.state, run.log
-    train_loader, eval_loaders = run.train_loader, run.eval_loaders
+    accelerator, model, config, plan, state = run.accelerator, run.model, run.config, run.plan, run.state
     world_size = accelerator.num_processes
-    device = accelerator.device
     full_window = config.per_device_train_batch_size * config.gradient_accumulation_steps * world_size
-    metric = load_metric("accuracy", accelerator)
-    # Per-rank sums since the last log line, kept on the device so the hot path never waits for
-    # the GPU; they are reduced across ranks only when a line is logged.
-    loss_since_log = torch.zeros((), device=device, dtype=torch.float64)
-    tokens_since_log = torch.zeros((), device=device, dtype=torch.float64)
-    samples_since_log = 0
+    metric = load_metric(run.task, accelerator)
+    meter = _Meter(accelerator.device)
     window_samples = 0
     last_eval: dict = {}
     # A context manager: the bar is closed before any error message is printed.
@@ -80,44 +70,30 @@ def train(run: Run, stop: StopSignals):
         unit="step",
         disable=not accelerator.is_local_main_process,
     ) as progress:
-        tic = time.perf_counter()
-        log_tic = tic
+        tic = meter.since = time.perf_counter()
         eval_seconds = 0.0
         model.train()
         for epoch in range(state.epoch, plan.num_epochs):
             state.epoch = epoch
-            train_loader.set_epoch(epoch)
+            run.train_loader.set_epoch(epoch)
             # Resume mid-epoch: the same (seed, epoch) order, minus the micro-batches already done.
             batches = (
-                skip_first_batches(train_loader, state.micro_batches_in_epoch)
+                skip_first_batches(run.train_loader, state.micro_batches_in_epoch)
                 if state.micro_batches_in_epoch
-                else train_loader
+                else run.train_loader
             )
             for batch in batches:
                 labels = batch.pop("labels")
                 with accelerator.accumulate(model):
-                    logits = model(**batch).logits
-                    loss_sum = F.cross_entropy(logits.float(), labels, reduction="sum")
+                    summed = loss_sum(model(**batch).logits, labels, run.task)
                     # Scaled as the mean over a full micro-batch; Accelerate divides by the accumulation
                     # steps and DDP averages over ranks, so a full window yields the mean over its pairs.
-                    accelerator.backward(loss_sum / config.per_device_train_batch_size)
+                    accelerator.backward(summed / config.per_device_train_batch_size)
                     window_samples += labels.shape[0]
                     state.micro_batches_in_epoch += 1
-                    loss_since_log += loss_sum.detach()
-                    tokens_since_log += batch["attention_mask"].sum()
-                    samples_since_log += labels.shape[0]
+                    meter.add(summed, batch["attention_mask"], labels.shape[0])
                     if accelerator.sync_gradients:
-                        if accelerator.gradient_state.end_of_dataloader:  # every rank at once
-                            _average_over_real_window(accelerator, model, window_samples, full_window)
-                        # With clipping off the norm is still measured (max inf): it is the NaN guard.
-                        grad_norm = accelerator.clip_grad_norm_(
-                            model.parameters(), config.max_grad_norm or math.inf
-                        )
-                        if not math.isfinite(grad_norm):  # identical on every rank after the all-reduce
-                            raise _diverged(state.global_step + 1, config.output_dir)
-                        optimizer.step()
-                        scheduler.step()
-                        optimizer.zero_grad(set_to_none=True)
+                        grad_norm = _optimizer_step(run, window_samples, full_window)
                         state.global_step += 1
                         window_samples = 0
                         progress.update(1)
@@ -125,72 +101,123 @@ def train(run: Run, stop: StopSignals):
                             state.global_step % config.logging_steps == 0
                             or state.global_step == plan.total_updates
                         ):
-                            loss_total, samples, tokens = _reduce_sums(
-                                accelerator, loss_since_log, samples_since_log, tokens_since_log
-                            )
-                            loss_since_log.zero_(), tokens_since_log.zero_()
-                            samples_since_log = 0
-                            now = time.perf_counter()
-                            state.samples_seen += samples
-                            state.tokens_seen += tokens
-                            record = {
-                                "step": state.global_step,
-                                "epoch": round(
-                                    epoch + state.micro_batches_in_epoch / plan.micro_batches_per_epoch, 4
-                                ),
-                                "loss": loss_total / samples,
-                                "learning_rate": scheduler.get_last_lr()[0],
-                                "grad_norm": float(grad_norm),
-                                "samples_per_second": samples / (now - log_tic),
-                                "tokens_per_second": tokens / (now - log_tic),
-                            }
-                            log_tic = now
+                            record = _train_record(run, meter, epoch, grad_norm)  # collective
                             if accelerator.is_main_process:
-                                log.log(record)
+                                run.log.log(record)
                             progress.set_postfix(
                                 loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_second']:.0f}"
                             )
-                        checkpoint = None
-                        if (
-                            config.checkpoint_every_n_steps
-                            and state.global_step % config.checkpoint_every_n_steps == 0
-                        ):
-                            checkpoint = save_checkpoint(
-                                accelerator, config.output_dir, state, world_size, config.save_total_limit
-                            )
-                        signal_name = stop.requested(accelerator)
-                        if signal_name:
-                            checkpoint = checkpoint or save_checkpoint(
-                                accelerator, config.output_dir, state, world_size, config.save_total_limit
-                            )
-                            raise TrainingInterrupted(signal_name, state.global_step, checkpoint)
+                        _checkpoint_or_stop(run, stop)  # collective
                 if state.global_step >= plan.total_updates:
                     break
             eval_tic = time.perf_counter()
-            last_eval = {
-                "step": state.global_step,
-                "epoch": epoch + 1,
-                **evaluate_splits(accelerator, model, eval_loaders, metric),
-            }
-            if accelerator.is_main_process:
-                log.log(last_eval)
-            score = last_eval[config.metric_for_best_model]
-            if state.best_metric is None or score > state.best_metric:
-                state.best_metric, state.best_step = score, state.global_step
-                # Collective: the best weights so far, kept whatever checkpoint rotation removes.
-                export_model(accelerator, model, run.tokenizer, str(Path(config.output_dir) / BEST_MODEL_DIR))
-            log_tic = time.perf_counter()
-            eval_seconds += log_tic - eval_tic  # evaluation time is not training throughput
+            last_eval = _evaluate_and_keep_best(run, metric, epoch)  # collective
+            meter.since = time.perf_counter()
+            eval_seconds += meter.since - eval_tic  # evaluation time is not training throughput
             state.epoch, state.micro_batches_in_epoch = epoch + 1, 0
             if config.checkpoint_every_epoch:
-                save_checkpoint(accelerator, config.output_dir, state, world_size, config.save_total_limit)
+                _save(run)
             if state.global_step >= plan.total_updates:
                 break
-    # Pairs not yet logged (none when the last step logged) still count toward throughput.
-    _, samples, tokens = _reduce_sums(accelerator, loss_since_log, samples_since_log, tokens_since_log)
-    state.samples_seen += samples
-    state.tokens_seen += tokens
+    meter.flush(accelerator, state)  # collective: pairs not yet logged still count toward throughput
     return last_eval, time.perf_counter() - tic - eval_seconds, eval_seconds
+
+
+class _Meter:
+    """Per-rank sums since the last log line, kept on the device so the hot path never waits for
+    the GPU; they are reduced across ranks only when a line is logged."""
+
+    def __init__(self, device):
+        self.loss = torch.zeros((), device=device, dtype=torch.float64)
+        self.tokens = torch.zeros((), device=device, dtype=torch.float64)
+        self.samples = 0
+        self.since = time.perf_counter()
+
+    def add(self, summed_loss: torch.Tensor, attention_mask: torch.Tensor, samples: int) -> None:
+        self.loss += summed_loss.detach()
+        self.tokens += attention_mask.sum()
+        self.samples += samples
+
+    def flush(self, accelerator, state: TrainState) -> tuple[float, int, int, float]:
+        """Collective: every rank's sums, added to the run's totals: (loss sum, pairs, tokens, seconds)."""
+        samples = torch.tensor(float(self.samples), device=self.loss.device, dtype=self.loss.dtype)
+        loss_total, samples, tokens = accelerator.reduce(
+            torch.stack([self.loss, samples, self.tokens]), "sum"
+        ).tolist()
+        state.samples_seen += int(samples)
+        state.tokens_seen += int(tokens)
+        now = time.perf_counter()
+        seconds, self.since = now - self.since, now
+        self.loss.zero_(), self.tokens.zero_()
+        self.samples = 0
+        return loss_total, int(samples), int(tokens), seconds
+
+
+def _optimizer_step(run: Run, window_samples: int, full_window: int) -> float:
+    """Collective: one update from the accumulated gradients; returns their norm."""
+    accelerator, model, config = run.accelerator, run.model, run.config
+    if accelerator.gradient_state.end_of_dataloader:  # every rank at once
+        _average_over_real_window(accelerator, model, window_samples, full_window)
+    # With clipping off the norm is still measured (max inf): it is the NaN guard.
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
+    if not math.isfinite(grad_norm):  # identical on every rank after the all-reduce
+        raise _diverged(run.state.global_step + 1, config.output_dir)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return float(grad_norm)
+
+
+def _train_record(run: Run, meter: _Meter, epoch: int, grad_norm: float) -> dict:
+    """Collective: the metrics.jsonl line for the steps since the last one."""
+    loss_total, samples, tokens, seconds = meter.flush(run.accelerator, run.state)
+    return {
+        "step": run.state.global_step,
+        "epoch": round(epoch + run.state.micro_batches_in_epoch / run.plan.micro_batches_per_epoch, 4),
+        "loss": loss_total / samples,
+        "learning_rate": run.scheduler.get_last_lr()[0],
+        "grad_norm": grad_norm,
+        "samples_per_second": samples / seconds,
+        "tokens_per_second": tokens / seconds,
+    }
+
+
+def _checkpoint_or_stop(run: Run, stop: StopSignals) -> None:
+    """Collective: the --checkpointing_steps checkpoint; after a stop signal on any rank, a
+    checkpoint (unless this step just wrote one) and `TrainingInterrupted` on every rank."""
+    accelerator, config, state = run.accelerator, run.config, run.state
+    every = config.checkpoint_every_n_steps
+    checkpoint = None
+    if every and state.global_step % every == 0:
+        checkpoint = _save(run)
+    signal_name = stop.requested(accelerator)
+    if signal_name:
+        raise TrainingInterrupted(signal_name, state.global_step, checkpoint or _save(run))
+
+
+def _save(run: Run) -> Path:
+    config = run.config
+    return save_checkpoint(
+        run.accelerator, config.output_dir, run.state, run.accelerator.num_processes, config.save_total_limit
+    )
+
+
+def _evaluate_and_keep_best(run: Run, metric, epoch: int) -> dict:
+    """Collective: the end-of-epoch evaluation, logged; a new best is exported to best_model/."""
+    accelerator, config, state = run.accelerator, run.config, run.state
+    result = {
+        "step": state.global_step,
+        "epoch": epoch + 1,
+        **evaluate_splits(accelerator, run.model, run.eval_loaders, metric, run.task),
+    }
+    if accelerator.is_main_process:
+        run.log.log(result)
+    score = result[config.metric_for_best_model]
+    if state.best_metric is None or score > state.best_metric:
+        state.best_metric, state.best_step = score, state.global_step
+        # Collective: the best weights so far, kept whatever checkpoint rotation removes.
+        export_model(accelerator, run.model, run.tokenizer, str(Path(config.output_dir) / BEST_MODEL_DIR))
+    return result
 
 
 def _average_over_real_window(accelerator, model, window_samples: int, full_window: int) -> None:
@@ -212,40 +239,3 @@ def _diverged(step: int, output_dir: str) -> TrainingFailed:
         f"the loss became NaN or inf at step {step}; the last good checkpoint is {last_good}; "
         "lower --learning_rate or --max_grad_norm, or use bf16 instead of fp16"
     )
-
-
-def _reduce_sums(accelerator, loss, samples: int, tokens) -> tuple[float, int, int]:
-    """Collective: every rank contributes its sums since the last log line."""
-    local = torch.stack([loss, torch.tensor(float(samples), device=loss.device, dtype=loss.dtype), tokens])
-    loss_total, samples_total, tokens_total = accelerator.reduce(local, "sum").tolist()
-    return loss_total, int(samples_total), int(tokens_total)
-
-
-def evaluate_splits(accelerator, model, eval_loaders: dict, metric) -> dict:
-    """Collective: `eval_<split>_accuracy` and `eval_<split>_samples` for every evaluation split."""
-    results = {}
-    for name, loader in eval_loaders.items():
-        result = evaluate(accelerator, model, loader, metric)
-        short = name.removeprefix("validation_")
-        results.update(
-            {f"eval_{short}_accuracy": result["accuracy"], f"eval_{short}_samples": result["samples"]}
-        )
-    return results
-
-
-def evaluate(accelerator, model, loader, metric) -> dict:
-    """Collective: accuracy over the whole split, each row counted exactly once across ranks."""
-    model.eval()
-    predictions, references = [], []
-    with torch.no_grad():
-        for batch in loader:
-            labels = batch.pop("labels")
-            logits = model(**batch).logits
-            # gather_for_metrics drops the rows Accelerate repeated to give every rank equal batches.
-            preds, refs = accelerator.gather_for_metrics((logits.argmax(dim=-1), labels))
-            predictions.append(preds.cpu())
-            references.append(refs.cpu())
-    model.train()
-    predictions, references = torch.cat(predictions), torch.cat(references)
-    result = metric.compute(predictions=predictions.numpy(), references=references.numpy())
-    return {"accuracy": float(result["accuracy"]), "samples": len(references)}

@@ -1,13 +1,15 @@
 """Fine-tune a BERT-style model on MNLI: `accelerate launch finetune/mnli.py [--flags]`.
 
 The same script runs on CPU, one GPU, multi-GPU DDP and several nodes; the accelerate config
-chooses. `python finetune/mnli.py` and `torchrun finetune/mnli.py` work too.
+chooses. `python finetune/mnli.py` and `torchrun finetune/mnli.py` work too. `--task_name` picks
+another GLUE task or your own files (`finetune/glue.py` is the same run under a general name).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -27,9 +29,11 @@ from finetune.checkpoint import (
     resolve_resume,
 )
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
-from finetune.data import LABEL_NAMES, build_dataloaders, load_splits, tokenize_splits
-from finetune.loop import Run, evaluate_splits, load_metric, train
+from finetune.data import build_dataloaders, load_splits, tokenize_splits
+from finetune.evaluation import evaluate_splits, load_metric, predict
+from finetune.loop import Run, train
 from finetune.modeling import build_optimizer, load_model_and_tokenizer
+from finetune.report import CURVES_FILE, hardware, plot_training_curves, push_to_hub, write_model_card
 from finetune.runtime import (
     StopSignals,
     TrainingFailed,
@@ -40,6 +44,7 @@ from finetune.runtime import (
     run_summary,
 )
 from finetune.steps import plan_steps
+from finetune.tasks import eval_key
 from finetune.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
 
 
@@ -74,6 +79,7 @@ def main(argv: list[str] | None = None, build=None) -> dict:
 
 def setup(config: TrainConfig) -> Run:
     """Accelerator, data, model, optimizer, schedule, trackers; resumed state if asked for."""
+    started_s = time.perf_counter()
     output_dir = Path(config.output_dir)
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     check_output_dir(output_dir, config.overwrite_output_dir, resuming=resume is not None)
@@ -83,33 +89,32 @@ def setup(config: TrainConfig) -> Run:
     world_size = accelerator.num_processes
     set_seed(config.seed)
 
-    splits = load_splits(config)
-    measured = [f"eval_{name.removeprefix('validation_')}_accuracy" for name in splits if name != "train"]
-    if config.metric_for_best_model not in measured:
+    task, splits = load_splits(config)
+    measured = [eval_key(s, m) for s in task.validation_splits if s in splits for m in task.metrics]
+    # Resolved here, where the task is known, so train_config.json shows what picked the best model.
+    config.metric_for_best_model = config.metric_for_best_model or (measured[0] if measured else None)
+    if config.do_train and config.metric_for_best_model not in measured:
         raise ConfigError(
             f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
         )
-    model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, LABEL_NAMES, config.max_length)
+    model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length)
     signature = model_signature(config.model_name_or_path, model)
-    tokenized = tokenize_splits(splits, tokenizer, config.max_length, accelerator)
-    train_loader, eval_loaders = build_dataloaders(
-        tokenized, tokenizer, config, world_size, on_gpu=accelerator.device.type == "cuda"
-    )
-    plan = plan_steps(
-        len(tokenized["train"]),
+    tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
+    loaders = build_dataloaders(tokenized, tokenizer, config, world_size, accelerator.device.type == "cuda")
+    plan = plan_steps(  # no training: a plan of zero updates
+        len(tokenized["train"]) if config.do_train else 0,
         config.per_device_train_batch_size,
         config.gradient_accumulation_steps,
         world_size,
         config.num_train_epochs,
-        config.max_train_steps,
+        config.max_train_steps if config.do_train else None,
         config.warmup_ratio,
     )
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, plan.warmup_updates, plan.total_updates)
-    model, optimizer, train_loader, scheduler, *prepared = accelerator.prepare(
-        model, optimizer, train_loader, scheduler, *eval_loaders.values()
-    )
-    eval_loaders = dict(zip(eval_loaders, prepared, strict=True))
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    loaders = {name: accelerator.prepare(loader) for name, loader in loaders.items()}
+    train_loader, test_loader = loaders.pop("train", None), loaders.pop("test", None)
     state = load_checkpoint(accelerator, resume, world_size, signature) if resume else TrainState()
     state.model_signature = signature
 
@@ -125,24 +130,30 @@ def setup(config: TrainConfig) -> Run:
             print(wandb_notice)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
     return Run(
-        config,
-        accelerator,
-        model,
-        tokenizer,
-        optimizer,
-        scheduler,
-        train_loader,
-        eval_loaders,
-        plan,
-        state,
-        log,
+        config=config,
+        task=task,
+        accelerator=accelerator,
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_loader=train_loader,
+        eval_loaders=loaders,
+        test_loader=test_loader,
+        plan=plan,
+        state=state,
+        log=log,
+        rows={name: len(split) for name, split in splits.items()},
+        started_s=started_s,
     )
 
 
 def execute(run: Run) -> dict:
-    """Train (unless --do_train false) and evaluate; export the model; write results.json."""
-    accelerator, config, state = run.accelerator, run.config, run.state
+    """Train (unless --do_train false), evaluate, predict (--do_predict); export the model, its
+    card and curves; write results.json."""
+    accelerator, config, state, task = run.accelerator, run.config, run.state, run.task
     output_dir = Path(config.output_dir)
+    results = {}
     if config.do_train:
         stop = StopSignals()
         try:
@@ -168,17 +179,34 @@ def execute(run: Run) -> dict:
             "best_metric": state.best_metric,
             "best_step": state.best_step,
         }
-    else:
+    elif run.eval_loaders:
         results = evaluate_splits(
-            accelerator, run.model, run.eval_loaders, load_metric("accuracy", accelerator)
+            accelerator, run.model, run.eval_loaders, load_metric(task, accelerator), task
         )
+    predictions = None
+    if run.test_loader is not None:
+        predictions = predict(accelerator, run.model, run.test_loader, task, run.rows["test"])
+        results["predict_samples"] = len(predictions)
     results.update(describe_runtime(accelerator))
     # Collective: DDP keeps replicas equal by construction; this proves it for this run.
     results["replicas_identical"] = replicas_identical(accelerator, run.model)
+    machine = hardware(accelerator)
     if accelerator.is_main_process:
         (output_dir / "results.json").write_text(json.dumps(results, indent=2))
+        if predictions is not None:
+            with (output_dir / "predictions.jsonl").open("w") as f:
+                f.writelines(json.dumps(p) + "\n" for p in predictions)
+        if config.do_train:
+            plot_training_curves(output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys())
+            wall_s = time.perf_counter() - run.started_s
+            write_model_card(output_dir / "README.md", config, task, results, run.rows, machine, wall_s)
         print(json.dumps(results, indent=2))
-        print(f"model, tokenizer, results.json, metrics.jsonl, train_config.json: {output_dir.resolve()}")
+        written = ["model, tokenizer, README.md (model card), training_curves.png"] if config.do_train else []
+        written += ["predictions.jsonl"] if predictions is not None else []
+        written.append("results.json, metrics.jsonl, train_config.json")
+        print(f"{', '.join(written)}: {output_dir.resolve()}")
+        if config.push_to_hub:
+            print(f"pushed to {push_to_hub(config.output_dir, config.hub_model_id)}")
     return results
 
 

@@ -1,4 +1,4 @@
-"""Model, tokenizer and optimizer for sequence-pair classification."""
+"""Model, tokenizer and optimizer for sentence and sentence-pair classification or regression."""
 
 from __future__ import annotations
 
@@ -6,17 +6,24 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from finetune.config import ConfigError
+from finetune.tasks import Task
 
 
-def load_model_and_tokenizer(model_name_or_path: str, label_names: tuple[str, ...], max_length: int):
+def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: int):
+    """The model with a head for the task's labels (saved as id2label), or one output for regression."""
+    if task.is_regression:
+        # Given in full: a base model's config.json may carry another head's id2label.
+        head = {"id2label": {0: "LABEL_0"}, "label2id": {"LABEL_0": 0}, "problem_type": "regression"}
+    else:
+        names = task.label_names
+        head = {  # id2label sets num_labels
+            "id2label": dict(enumerate(names)),
+            "label2id": {name: i for i, name in enumerate(names)},
+            "problem_type": "single_label_classification",
+        }
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
-        model_config = AutoConfig.from_pretrained(
-            model_name_or_path,
-            num_labels=len(label_names),
-            id2label=dict(enumerate(label_names)),
-            label2id={name: i for i, name in enumerate(label_names)},
-        )
+        model_config = AutoConfig.from_pretrained(model_name_or_path, **head)
         model = AutoModelForSequenceClassification.from_pretrained(model_name_or_path, config=model_config)
     except RuntimeError as error:  # weights whose shapes do not match config.json
         raise ConfigError(

@@ -171,7 +171,7 @@ def reference_weights(model_dir, nli_files, windows: list, learning_rate: float)
     config = TrainConfig(train_file=str(nli_files["train"]), validation_file=str(nli_files["validation"]),
                          max_train_samples=max(max(w) for w in windows) + 1, max_length=64)  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    train = tokenize_splits(load_splits(config), tokenizer, 64, Accelerator(cpu=True))["train"]
+    train = tokenize_splits(*load_splits(config), tokenizer, 64, Accelerator(cpu=True))["train"]
     order = list(LengthGroupedSampler(train["length"], mega_batch_size=10_000, seed=config.seed))
     rows = train.select_columns(["input_ids", "token_type_ids", "attention_mask", "labels"])
     collate = DataCollatorWithPadding(tokenizer)

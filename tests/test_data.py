@@ -5,7 +5,10 @@ import pytest
 from accelerate import Accelerator
 
 from finetune.config import ConfigError, TrainConfig
-from finetune.data import LABEL_NAMES, LengthGroupedSampler, load_splits
+from finetune.data import LengthGroupedSampler, load_splits
+from finetune.tasks import GLUE_TASKS
+
+LABEL_NAMES = GLUE_TASKS["mnli"].label_names
 
 ROWS = [
     {"premise": "A man plays a guitar.", "hypothesis": "A person makes music.", "label": 0},
@@ -38,7 +41,7 @@ def config_for(train, validation, **kwargs) -> TrainConfig:
 @pytest.mark.parametrize("label_as_word", [False, True])
 def test_every_format_and_label_spelling_loads_the_same(tmp_path, suffix, label_as_word):
     path = write(tmp_path / f"rows{suffix}", ROWS, label_as_word)
-    splits = load_splits(config_for(path, path))
+    _, splits = load_splits(config_for(path, path))
     train = splits["train"]
     assert train["label"] == [0, 1, 2, 0]
     assert train["premise"] == [r["premise"] for r in ROWS]
@@ -56,7 +59,7 @@ def test_missing_columns_lists_what_was_found(tmp_path):
     path = tmp_path / "cols.jsonl"
     path.write_text(json.dumps({"sentence1": "a", "sentence2": "b", "label": 0}) + "\n")
     with pytest.raises(
-        ConfigError, match="lacks column.*premise, hypothesis; found sentence1, sentence2, label"
+        ConfigError, match="premise, hypothesis; found sentence1, sentence2, label .*text_columns"
     ):
         load_splits(config_for(path, path))
 
@@ -73,7 +76,7 @@ def test_missing_and_empty_files_are_named(tmp_path):
 
 def test_sample_limits(tmp_path):
     path = write(tmp_path / "rows.jsonl", ROWS)
-    splits = load_splits(config_for(path, path, max_train_samples=3, max_eval_samples=2))
+    _, splits = load_splits(config_for(path, path, max_train_samples=3, max_eval_samples=2))
     assert (len(splits["train"]), len(splits["validation_matched"])) == (3, 2)
 
 
@@ -86,8 +89,8 @@ def test_tokenized_splits_are_cached(tmp_path, tiny_model_dir):
     path = write(tmp_path / "rows.jsonl", ROWS)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     accelerator = Accelerator(cpu=True)
-    first = tokenize_splits(load_splits(config_for(path, path)), tokenizer, 32, accelerator)["train"]
-    second = tokenize_splits(load_splits(config_for(path, path)), tokenizer, 32, accelerator)["train"]
+    first = tokenize_splits(*load_splits(config_for(path, path)), tokenizer, 32, accelerator)["train"]
+    second = tokenize_splits(*load_splits(config_for(path, path)), tokenizer, 32, accelerator)["train"]
     assert first.cache_files and first.cache_files == second.cache_files
     assert second["length"] == [len(ids) for ids in second["input_ids"]]
 

@@ -108,8 +108,9 @@ def test_two_ranks_agree_and_only_rank_zero_writes(tiny_model_dir, nli_files, tm
     ]
     assert len(list(checkpoint.glob("model*.safetensors"))) == 1
     expected = [
-        "best_model", "checkpoint-10", "config.json", "metrics.jsonl", "model.safetensors",
-        "results.json", "tokenizer.json", "tokenizer_config.json", "train_config.json", "wandb",
+        "README.md", "best_model", "checkpoint-10", "config.json", "metrics.jsonl", "model.safetensors",
+        "results.json", "tokenizer.json", "tokenizer_config.json", "train_config.json", "training_curves.png",
+        "wandb",
     ]  # fmt: skip
     assert sorted(p.name for p in out.iterdir()) == expected
 

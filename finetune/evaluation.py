@@ -1,0 +1,92 @@
+"""Loss, metrics and predictions: every row counted exactly once, whatever the number of processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import evaluate as hf_evaluate
+import torch
+import torch.nn.functional as F
+
+from finetune.tasks import Task, eval_key
+
+METRICS_DIR = Path(__file__).parent / "metrics"
+
+
+def load_metric(task: Task, accelerator):
+    # The metric module ships with the package, so this needs no Hub; rank 0 copies it into the
+    # modules cache first so ranks do not race on that copy.
+    with accelerator.main_process_first():
+        return hf_evaluate.load(
+            str(METRICS_DIR / "glue"), "regression" if task.is_regression else "classification"
+        )
+
+
+def loss_sum(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Tensor:
+    """Summed over the batch, in fp32 whatever the autocast dtype: cross-entropy, or squared error."""
+    if task.is_regression:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
+    return F.cross_entropy(logits.float(), labels, reduction="sum")
+
+
+def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task) -> dict:
+    """Collective: the task's metrics and the row count of every evaluation split, as
+    `eval_<metric>` (`eval_matched_<metric>` for MNLI's splits) and `eval_<split>_samples`."""
+    results = {}
+    for split, loader in eval_loaders.items():
+        scores = evaluate(accelerator, model, loader, metric, task)
+        results.update({eval_key(split, m): scores[m] for m in task.metrics})
+        results[eval_key(split, "samples")] = scores["samples"]
+    return results
+
+
+def evaluate(accelerator, model, loader, metric, task: Task) -> dict:
+    """Collective: metrics over the whole split, each row counted exactly once across ranks."""
+    model.eval()
+    predictions, references = [], []
+    with torch.no_grad():
+        for batch in loader:
+            labels = batch.pop("labels")
+            logits = model(**batch).logits.float()
+            predicted = logits.squeeze(-1) if task.is_regression else logits.argmax(dim=-1)
+            # gather_for_metrics drops the rows Accelerate repeated to give every rank equal batches.
+            predicted, labels = accelerator.gather_for_metrics((predicted, labels))
+            predictions.append(predicted.cpu())
+            references.append(labels.cpu())
+    model.train()
+    predictions, references = torch.cat(predictions), torch.cat(references)
+    scores = metric.compute(predictions=predictions.numpy(), references=references.numpy())
+    return {**{k: float(v) for k, v in scores.items()}, "samples": len(references)}
+
+
+def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]:
+    """Collective: one prediction per input row, in input order, gathered to every rank.
+
+    Batches run length-sorted and sharded over ranks; each carries its row numbers, so the result
+    is put back in file order whatever the sharding, and checked to hold every row once."""
+    model.eval()
+    rows, outputs = [], []
+    with torch.no_grad():
+        for batch in loader:
+            row = batch.pop("row")
+            logits = model(**batch).logits.float()
+            output = logits.squeeze(-1) if task.is_regression else logits.softmax(dim=-1)
+            row, output = accelerator.gather_for_metrics((row, output))
+            rows.append(row.cpu())
+            outputs.append(output.cpu())
+    model.train()
+    rows, outputs = torch.cat(rows), torch.cat(outputs)
+    order = rows.argsort()
+    if not torch.equal(rows[order], torch.arange(num_rows)):
+        raise RuntimeError(
+            f"predictions cover {len(rows)} rows ({rows.unique().numel()} distinct) of {num_rows}"
+        )
+    outputs = outputs[order]
+    if task.is_regression:
+        return [{"row": i, "score": float(score)} for i, score in enumerate(outputs.tolist())]
+    names = task.label_names
+    labels = outputs.argmax(dim=-1).tolist()
+    return [
+        {"row": i, "label": names[label], "probabilities": dict(zip(names, p, strict=True))}
+        for i, (label, p) in enumerate(zip(labels, outputs.tolist(), strict=True))
+    ]

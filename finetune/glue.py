@@ -1,0 +1,18 @@
+"""Fine-tune on any GLUE task or your own files: `accelerate launch finetune/glue.py --task_name sst2`.
+
+The same run as `finetune/mnli.py` (which defaults to MNLI); see `--help` for the tasks, and
+`--task_name custom --text_columns ... --label_column ...` for a CSV/JSONL/TSV of your own.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from finetune.mnli import cli
+
+if __name__ == "__main__":
+    sys.exit(cli())

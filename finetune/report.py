@@ -1,0 +1,150 @@
+"""What a finished run leaves for people: a model card, training curves, the Hub upload."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from finetune.config import TrainConfig
+from finetune.tasks import Task
+
+CURVES_FILE = "training_curves.png"
+CURVES_SIZE_PX = (1200, 400)
+HUB_IGNORED = ["checkpoint-*", ".checkpoint-*", "best_model/*", "wandb/*", "*.partial/*"]
+
+
+def hardware(accelerator) -> str:
+    if accelerator.device.type == "cuda":
+        name = torch.cuda.get_device_name(accelerator.device)
+    else:
+        name = _cpu_name() or platform.processor() or "CPU"
+        name = f"{name}, {os.cpu_count()} cores"
+    return f"{accelerator.num_processes} × {accelerator.device.type} ({name})"
+
+
+def _cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def changed_flags(config: TrainConfig) -> dict:
+    """The flags that differ from the defaults (resolved ones included): a command line that
+    reproduces the run."""
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) != f.default and f.name != "config"
+    }
+
+
+def write_model_card(
+    path: Path, config: TrainConfig, task: Task, results: dict, data_rows: dict, machine: str, wall_s: float
+) -> None:
+    """A Hugging Face model card (README.md): base model, data, flags, results, hardware, time."""
+    is_local_base = Path(config.model_name_or_path).exists()
+    metadata = ["library_name: transformers", "pipeline_tag: text-classification"]
+    if not is_local_base:
+        metadata.append(f"base_model: {config.model_name_or_path}")
+    metadata.append(f"tags: [finetune, {task.name if task.name == 'custom' else 'glue-' + task.name}]")
+    if not config.uses_local_files:
+        metadata.append(f"datasets: [{config.dataset_name}]")
+    data = (
+        {"train": config.train_file, "validation": config.validation_file}
+        if config.uses_local_files
+        else {"Hub": f"{config.dataset_name} ({config.dataset_config_name})"}
+    )
+    flags = " ".join(f"--{k} {v}" for k, v in changed_flags(config).items())
+    labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)
+    scores = [(k, results[k]) for k in task.metric_keys() if k in results]
+    lines = [
+        "---",
+        *metadata,
+        "---",
+        "",
+        f"# {Path(config.output_dir).name}",
+        "",
+        f"`{config.model_name_or_path}` fine-tuned on **{task.name}** "
+        f"({' + '.join(task.text_columns)} → {labels}) with finetune.",
+        "",
+        "## Results",
+        "",
+        "| metric | value |",
+        "| --- | --- |",
+        *(f"| {k} | {v:.4f} |" for k, v in scores),
+        "",
+        "## Training",
+        "",
+        *(f"- {name} data: `{source}`" for name, source in data.items() if source),
+        f"- rows: {', '.join(f'{name} {n:,}' for name, n in data_rows.items())}",
+        f"- steps: {results.get('global_step')} optimizer steps, {results.get('epoch')} epochs",
+        f"- hardware: {machine}, mixed precision {results.get('mixed_precision')}",
+        f"- wall time: {wall_s:.1f} s in all, {results.get('train_runtime_s', 0):.1f} s training "
+        f"({results.get('train_samples_per_second', 0):.1f} samples/s)",
+        "",
+        "Flags that differ from the defaults:",
+        "",
+        "```",
+        f"accelerate launch finetune/glue.py {flags}",
+        "```",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'classify = pipeline("text-classification", model="{config.hub_model_id or config.output_dir}")',
+        "```",
+        "",
+        f"![loss, learning rate and evaluation metrics]({CURVES_FILE})",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str]) -> None:
+    """Loss and learning rate per logged step; every evaluation metric per evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if any(k in r for k in metric_keys)]
+    width, height = CURVES_SIZE_PX
+    figure, (loss_axis, lr_axis, eval_axis) = plt.subplots(1, 3, figsize=(width / 100, height / 100), dpi=100)
+    loss_axis.plot([r["step"] for r in steps], [r["loss"] for r in steps], marker=".")
+    loss_axis.set(title="training loss", xlabel="optimizer step")
+    lr_axis.plot([r["step"] for r in steps], [r["learning_rate"] for r in steps], color="tab:orange")
+    lr_axis.set(title="learning rate", xlabel="optimizer step")
+    lr_axis.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+    names = [k for k in metric_keys if any(k in r for r in evals)]
+    for name in names:
+        points = [(r["step"], r[name]) for r in evals if name in r]
+        eval_axis.plot(*zip(*points, strict=True), marker="o", label=name)
+    eval_axis.set(title="evaluation", xlabel="optimizer step")
+    if names:
+        eval_axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(png, dpi=100)  # no bbox_inches: the PNG is exactly CURVES_SIZE_PX
+    plt.close(figure)
+
+
+def push_to_hub(output_dir: str, repo_id: str | None) -> str:
+    """Uploads the model, tokenizer, card, curves and results (no checkpoints); returns the URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    repo = api.create_repo(repo_id or Path(output_dir).name, exist_ok=True).repo_id
+    api.upload_folder(repo_id=repo, folder_path=output_dir, ignore_patterns=HUB_IGNORED)
+    return f"https://huggingface.co/{repo}"

@@ -1,0 +1,219 @@
+"""Every GLUE task shape, custom columns, evaluate-only and predict modes, model card, curves, trackers."""
+
+import csv
+import json
+import os
+
+import pytest
+import torch
+
+from finetune.config import ConfigError
+from finetune.mnli import main
+from finetune.tasks import GLUE_TASKS
+from tests.conftest import N_VALIDATION, PYTHON, read_jsonl, reset_accelerate, run_cli, tiny_args
+from tests.task_data import write_task_files
+from tests.test_distributed import free_port
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder_dir(tiny_model_dir, tmp_path_factory):
+    """The tiny BERT without a classification head, as a pretrained base model comes."""
+    from transformers import AutoTokenizer, BertModel
+
+    folder = tmp_path_factory.mktemp("tiny-encoder")
+    BertModel.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    return folder
+
+
+def task_args(model_dir, files, output_dir, *extra):
+    return tiny_args(
+        model_dir, files, output_dir, "--num_train_epochs", "6", "--learning_rate", "3e-3", *extra
+    )
+
+
+@pytest.mark.parametrize(
+    ("task_name", "shape", "metrics"),
+    [
+        ("cola", "single", {"eval_matthews_correlation": 0.6}),
+        ("sst2", "single", {"eval_accuracy": 0.8}),
+        # Pair and regression floors are above what one sentence alone allows (0.75/0.67, 0.71).
+        ("mrpc", "pair", {"eval_f1": 0.85, "eval_accuracy": 0.9}),
+        ("qqp", "pair", {"eval_f1": 0.85, "eval_accuracy": 0.9}),
+        ("stsb", "regression", {"eval_pearson": 0.85, "eval_spearmanr": 0.8}),
+    ],
+)
+def test_each_task_shape_trains_and_reports_the_glue_metrics(
+    tiny_encoder_dir, tmp_path, task_name, shape, metrics
+):
+    files = write_task_files(tmp_path, shape, 480, 101, GLUE_TASKS[task_name].text_columns)
+    out = tmp_path / "out"
+    results = main(task_args(tiny_encoder_dir, files, out, "--task_name", task_name))
+    scores = {k: v for k, v in results.items() if k.startswith("eval_")}
+    del scores["eval_samples"], scores["eval_runtime_s"]
+    assert scores.keys() == metrics.keys()
+    assert all(scores[k] > floor for k, floor in metrics.items()), scores
+    assert results["eval_samples"] == 101
+    config = json.loads((out / "config.json").read_text())
+    task = GLUE_TASKS[task_name]
+    if task.is_regression:
+        assert len(config["id2label"]) == 1 and config["problem_type"] == "regression"
+    else:
+        assert list(config["id2label"].values()) == list(task.label_names)
+    assert (
+        json.loads((out / "train_config.json").read_text())["metric_for_best_model"] == task.metric_keys()[0]
+    )
+
+
+def test_the_other_glue_tasks_load_with_their_columns(tmp_path):
+    """qnli, rte, wnli and mnli: their own column names and label names, read from local files."""
+    from finetune.config import TrainConfig
+    from finetune.data import load_splits
+
+    for name in ("qnli", "rte", "wnli", "mnli"):
+        task = GLUE_TASKS[name]
+        rows = [{task.text_columns[0]: "a b", task.text_columns[1]: "c", "label": task.label_names[-1]}] * 3
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        loaded, splits = load_splits(
+            TrainConfig(task_name=name, train_file=str(path), validation_file=str(path))
+        )
+        assert loaded == task
+        assert splits["train"]["label"] == [len(task.label_names) - 1] * 3
+        assert set(splits) == {"train", *task.validation_splits[:1]}
+
+
+def test_custom_columns_and_inferred_labels(tiny_encoder_dir, tmp_path):
+    """A CSV with its own column names and word labels: names inferred, sorted, saved in id2label;
+    the saved model then evaluates the file on its own, its label names read back from it."""
+    files = write_task_files(tmp_path, "single", 480, 101)
+    for split, path in list(files.items()):
+        rows = read_jsonl(path)
+        files[split] = tmp_path / f"reviews_{split}.csv"
+        with files[split].open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["id", "review", "verdict"])
+            writer.writeheader()
+            writer.writerows(
+                {"id": i, "review": r["sentence"], "verdict": ["thumbs down", "thumbs up"][r["label"]]}
+                for i, r in enumerate(rows)
+            )
+    out = tmp_path / "out"
+    custom = ["--task_name", "custom", "--text_columns", "review", "--label_column", "verdict"]
+    results = main(task_args(tiny_encoder_dir, files, out, *custom))
+    assert results["eval_accuracy"] > 0.8 and results["eval_samples"] == 101
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "thumbs down", "1": "thumbs up"}
+    reset_accelerate()
+
+    again = main(
+        [
+            "--task_name", "custom", "--text_columns", "review", "--label_column", "verdict",
+            "--model_name_or_path", str(out), "--validation_file", str(files["validation"]),
+            "--do_train", "false", "--output_dir", str(tmp_path / "eval"), "--report_to", "none",
+            "--mixed_precision", "no", "--max_length", "64",
+        ]
+    )  # fmt: skip
+    assert again["eval_accuracy"] == results["eval_accuracy"]
+    assert again["eval_samples"] == 101
+
+
+@pytest.fixture(scope="module")
+def trained_mnli(tiny_model_dir, nli_files, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mnli") / "out"
+    results = main(tiny_args(tiny_model_dir, nli_files, out, "--num_train_epochs", "2"))
+    reset_accelerate()
+    return out, results
+
+
+def test_model_card_and_training_curves(trained_mnli, tiny_model_dir):
+    from PIL import Image
+
+    out, results = trained_mnli
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert f"| eval_matched_accuracy | {results['eval_matched_accuracy']:.4f} |" in card
+    assert str(tiny_model_dir) in card and "--learning_rate 0.01" in card
+    assert "hardware: 1 × cpu" in card and "wall time:" in card
+    assert "![loss, learning rate and evaluation metrics](training_curves.png)" in card
+    with Image.open(out / "training_curves.png") as image:
+        image.verify()
+    with Image.open(out / "training_curves.png") as image:
+        assert image.format == "PNG" and image.size == (1200, 400)
+
+
+def without_labels(source, target):
+    target.write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "label"}) + "\n" for r in read_jsonl(source))
+    )
+    return target
+
+
+@pytest.mark.multiprocess
+def test_predict_with_two_processes_returns_every_row_once_in_input_order(trained_mnli, nli_files, tmp_path):
+    """151 rows over 2 ranks × batches of 8, run length-sorted: one prediction per row, in file
+    order, each equal to the model applied to that row alone."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model_dir, _ = trained_mnli
+    test_file = without_labels(nli_files["validation"], tmp_path / "unlabeled.jsonl")
+    out = tmp_path / "predict"
+    command = [
+        os.path.join(os.path.dirname(PYTHON), "torchrun"), "--nproc_per_node", "2",
+        "--master_port", str(free_port()), "finetune/mnli.py", "--model_name_or_path", str(model_dir),
+        "--do_train", "false", "--do_predict",
+        "--test_file", str(test_file), "--per_device_eval_batch_size", "8", "--output_dir", str(out),
+        "--report_to", "none", "--mixed_precision", "no", "--max_length", "64",
+    ]  # fmt: skip
+    done = run_cli(command)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "results.json").read_text())["world_size"] == 2
+    predictions = read_jsonl(out / "predictions.jsonl")
+    assert [p["row"] for p in predictions] == list(range(N_VALIDATION))
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    rows = read_jsonl(test_file)
+    for row, prediction in zip(rows, predictions, strict=True):
+        with torch.no_grad():
+            inputs = tokenizer(
+                row["premise"], row["hypothesis"], truncation=True, max_length=64, return_tensors="pt"
+            )
+            probabilities = model(**inputs).logits.softmax(-1)[0]
+        names = ("entailment", "neutral", "contradiction")
+        assert prediction["label"] == names[int(probabilities.argmax())]
+        expected = torch.tensor([prediction["probabilities"][n] for n in names])
+        torch.testing.assert_close(expected, probabilities, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("report_to", "wandb", "tensorboard"),
+    [("none", False, False), ("wandb", True, False), ("tensorboard", False, True), ("all", True, True)],
+)
+def test_tracker_selection(tiny_model_dir, nli_files, tmp_path, report_to, wandb, tensorboard):
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "5")
+    main([*args[: args.index("--report_to")], "--report_to", report_to])
+    assert bool(list(out.glob("wandb/offline-run-*/run-*.wandb"))) == wandb
+    assert bool(list(out.rglob("events.out.tfevents.*"))) == tensorboard
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--task_name", "sst3"], "--task_name must be one of cola, sst2"),
+        (["--task_name", "custom"], "--task_name custom needs --text_columns"),
+        (["--task_name", "sst2", "--validation_mismatched_file", "x.jsonl"], "for MNLI only"),
+        (["--text_columns", "a,b,c"], "--text_columns takes 1 or 2"),
+        (["--push_to_hub"], "--push_to_hub needs the Hub; HF_HUB_OFFLINE is set"),
+        (["--do_train", "false", "--train_file", "t.jsonl"], "--do_train false: give --validation_file"),
+        (
+            ["--do_predict", "--train_file", "t.jsonl", "--validation_file", "v.jsonl"],
+            "--do_predict .* --test_file",
+        ),
+    ],
+)
+def test_task_flag_mistakes(flags, message):
+    from finetune.config import parse_config
+
+    with pytest.raises(ConfigError, match=message):
+        parse_config(flags)
