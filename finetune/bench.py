@@ -161,7 +161,7 @@ def draw_chart(table: dict, args, png: Path) -> None:
         axis.bar_label(bars, [f"{v:.1f}  ({r:.2f}x)" for v, r in zip(values, ratios, strict=True)], padding=3)
         axis.set_title(title, fontsize="medium")
         axis.invert_yaxis()
-        axis.set_xlim(0, max(values) * 1.35)
+        axis.set_xlim(0, max(values) * 1.5)
     figure.suptitle(
         f"MiniLM-L6, {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
         f"batch {args.batch_size}, {args.repeats} round(s); ratios against Trainer defaults",
