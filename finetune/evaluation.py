@@ -42,19 +42,8 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task) 
 
 def evaluate(accelerator, model, loader, metric, task: Task) -> dict:
     """Collective: metrics over the whole split, each row counted exactly once across ranks."""
-    model.eval()
-    predictions, references = [], []
-    with torch.no_grad():
-        for batch in loader:
-            labels = batch.pop("labels")
-            logits = model(**batch).logits.float()
-            predicted = logits.squeeze(-1) if task.is_regression else logits.argmax(dim=-1)
-            # gather_for_metrics drops the rows Accelerate repeated to give every rank equal batches.
-            predicted, labels = accelerator.gather_for_metrics((predicted, labels))
-            predictions.append(predicted.cpu())
-            references.append(labels.cpu())
-    model.train()
-    predictions, references = torch.cat(predictions), torch.cat(references)
+    references, logits = _gathered_logits(accelerator, model, loader, "labels")
+    predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(dim=-1)
     scores = metric.compute(predictions=predictions.numpy(), references=references.numpy())
     return {**{k: float(v) for k, v in scores.items()}, "samples": len(references)}
 
@@ -64,29 +53,35 @@ def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]
 
     Batches run length-sorted and sharded over ranks; each carries its row numbers, so the result
     is put back in file order whatever the sharding, and checked to hold every row once."""
-    model.eval()
-    rows, outputs = [], []
-    with torch.no_grad():
-        for batch in loader:
-            row = batch.pop("row")
-            logits = model(**batch).logits.float()
-            output = logits.squeeze(-1) if task.is_regression else logits.softmax(dim=-1)
-            row, output = accelerator.gather_for_metrics((row, output))
-            rows.append(row.cpu())
-            outputs.append(output.cpu())
-    model.train()
-    rows, outputs = torch.cat(rows), torch.cat(outputs)
+    rows, logits = _gathered_logits(accelerator, model, loader, "row")
     order = rows.argsort()
     if not torch.equal(rows[order], torch.arange(num_rows)):
         raise RuntimeError(
             f"predictions cover {len(rows)} rows ({rows.unique().numel()} distinct) of {num_rows}"
         )
-    outputs = outputs[order]
+    logits = logits[order]
     if task.is_regression:
-        return [{"row": i, "score": float(score)} for i, score in enumerate(outputs.tolist())]
+        return [{"row": i, "score": score} for i, score in enumerate(logits.squeeze(-1).tolist())]
     names = task.label_names
-    labels = outputs.argmax(dim=-1).tolist()
+    labels = logits.argmax(dim=-1).tolist()
     return [
         {"row": i, "label": names[label], "probabilities": dict(zip(names, p, strict=True))}
-        for i, (label, p) in enumerate(zip(labels, outputs.tolist(), strict=True))
+        for i, (label, p) in enumerate(zip(labels, logits.softmax(dim=-1).tolist(), strict=True))
     ]
+
+
+def _gathered_logits(accelerator, model, loader, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collective: fp32 logits of every row with the batch's `key` column (labels, row numbers),
+    gathered from all ranks; gather_for_metrics drops the rows Accelerate repeated to give every
+    rank equal batches."""
+    model.eval()
+    keys, outputs = [], []
+    with torch.no_grad():
+        for batch in loader:
+            key_values = batch.pop(key)
+            logits = model(**batch).logits.float()
+            key_values, logits = accelerator.gather_for_metrics((key_values, logits))
+            keys.append(key_values.cpu())
+            outputs.append(logits.cpu())
+    model.train()
+    return torch.cat(keys), torch.cat(outputs)

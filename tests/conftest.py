@@ -61,6 +61,17 @@ def nli_files(tmp_path_factory) -> dict[str, Path]:
     return write_demo_dataset(tmp_path_factory.mktemp("nli"), N_TRAIN, N_VALIDATION, seed=0)
 
 
+@pytest.fixture(scope="session")
+def trained(tiny_model_dir, nli_files, tmp_path_factory):
+    """One finished 3-epoch run of the tiny BERT on the NLI files: (output_dir, results)."""
+    from finetune.mnli import main
+
+    output_dir = tmp_path_factory.mktemp("run") / "out"
+    results = main(tiny_args(tiny_model_dir, nli_files, output_dir, "--num_train_epochs", "3"))
+    reset_accelerate()
+    return output_dir, results
+
+
 def reset_accelerate() -> None:
     """Accelerate keeps process-wide singletons; each in-process run must start from scratch."""
     from accelerate.state import AcceleratorState, GradientState

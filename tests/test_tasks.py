@@ -117,18 +117,10 @@ def test_custom_columns_and_inferred_labels(tiny_encoder_dir, tmp_path):
     assert again["eval_samples"] == 101
 
 
-@pytest.fixture(scope="module")
-def trained_mnli(tiny_model_dir, nli_files, tmp_path_factory):
-    out = tmp_path_factory.mktemp("mnli") / "out"
-    results = main(tiny_args(tiny_model_dir, nli_files, out, "--num_train_epochs", "2"))
-    reset_accelerate()
-    return out, results
-
-
-def test_model_card_and_training_curves(trained_mnli, tiny_model_dir):
+def test_model_card_and_training_curves(trained, tiny_model_dir):
     from PIL import Image
 
-    out, results = trained_mnli
+    out, results = trained
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers\n")
     assert f"| eval_matched_accuracy | {results['eval_matched_accuracy']:.4f} |" in card
@@ -149,12 +141,12 @@ def without_labels(source, target):
 
 
 @pytest.mark.multiprocess
-def test_predict_with_two_processes_returns_every_row_once_in_input_order(trained_mnli, nli_files, tmp_path):
+def test_predict_with_two_processes_returns_every_row_once_in_input_order(trained, nli_files, tmp_path):
     """151 rows over 2 ranks × batches of 8, run length-sorted: one prediction per row, in file
     order, each equal to the model applied to that row alone."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model_dir, _ = trained_mnli
+    model_dir, _ = trained
     test_file = without_labels(nli_files["validation"], tmp_path / "unlabeled.jsonl")
     out = tmp_path / "predict"
     command = [

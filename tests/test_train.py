@@ -31,14 +31,6 @@ RESULT_FIELDS = {
 LOG_FIELDS = {"step", "epoch", "loss", "learning_rate", "grad_norm", "samples_per_second"}
 
 
-@pytest.fixture(scope="module")
-def trained(tiny_model_dir, nli_files, tmp_path_factory):
-    output_dir = tmp_path_factory.mktemp("run") / "out"
-    results = main(tiny_args(tiny_model_dir, nli_files, output_dir, "--num_train_epochs", "3"))
-    reset_accelerate()
-    return output_dir, results
-
-
 def test_results_json_has_the_promised_fields(trained):
     output_dir, results = trained
     saved = json.loads((output_dir / "results.json").read_text())
