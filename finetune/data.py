@@ -42,12 +42,14 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
             splits = {n: _label_column_as_label(s, config.label_column) for n, s in splits.items()}
     else:
         hub = load_dataset(config.dataset_name, config.dataset_config_name)
-        sources = {n: f"{config.dataset_name}/{config.dataset_config_name}:{n}" for n in wanted if n in hub}
-        splits = {n: hub[n] for n in sources if wanted[n]}
-    if "test" in splits:  # GLUE's test labels are hidden (-1); predictions never need them
-        splits["test"] = splits["test"].remove_columns(
-            [c for c in ("label",) if c in splits["test"].column_names]
-        )
+        sources = {
+            n: f"{config.dataset_name}/{config.dataset_config_name}:{n}"
+            for n, want in wanted.items()
+            if want and n in hub
+        }
+        splits = {n: hub[n] for n in sources}
+    if "test" in splits and "label" in splits["test"].column_names:
+        splits["test"] = splits["test"].remove_columns("label")  # GLUE hides test labels (-1); unused here
     if task is None:
         task = custom_task(columns, _custom_label_names(splits, config))
     else:
