@@ -8,11 +8,17 @@ rows, epochs, batch size, learning rate and seed:
   trainer_tuned  transformers.Trainer with bf16, group_by_length and fused AdamW
   bare           a bare Accelerate loop with the toolkit's settings: shows the toolkit's own overhead
 
+and, when asked for with --extra_runs, ablations of the toolkit:
+
+  torch_dropout  the toolkit with --dropout_kernel torch (what packed dropout buys)
+  compiled       the toolkit with --torch_compile (compile time included, as a user pays it)
+
 Printed: train samples/s, real (non-pad) tokens/s, useful-token MFU against this machine's measured
 bf16 matmul peak, peak RSS, validation accuracy, whole-run wall time, and the ratios. Then the cost of
 data preparation (time, peak RSS) for the rows and for 10x the rows.
 
     python -m finetune.bench [--train_samples 2000] [--num_train_epochs 1] [--repeats 1]
+                             [--extra_runs torch_dropout,compiled]
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ from pathlib import Path
 
 SHARED_MNLI = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnli"
 RUNS = ("toolkit", "trainer", "trainer_tuned", "bare")
+TOOLKIT_VARIANTS = {
+    "toolkit": [],
+    "torch_dropout": ["--dropout_kernel", "torch"],
+    "compiled": ["--torch_compile"],
+}
+EXTRA_RUNS = ("torch_dropout", "compiled")
 
 
 def main() -> None:
@@ -43,10 +55,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the 4 runs; medians are printed")
     parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak; measured if unset")
     parser.add_argument("--output_dir", default="outputs/bench", help="where bench.json and bench.png go")
-    parser.add_argument("--child", choices=(*RUNS, "prep"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--extra_runs", default="", help=f"comma-separated ablations to add: {', '.join(EXTRA_RUNS)}"
+    )
+    parser.add_argument("--child", choices=(*RUNS, *EXTRA_RUNS, "prep"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--rows_multiplier", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    extra = [name for name in args.extra_runs.split(",") if name]
+    if set(extra) - set(EXTRA_RUNS):
+        parser.error(f"--extra_runs takes {', '.join(EXTRA_RUNS)}, got {args.extra_runs!r}")
+    args.runs = (*RUNS, *extra)
     if args.child:
         started = time.perf_counter()
         result = CHILDREN[args.child](args)
@@ -59,10 +78,11 @@ def main() -> None:
 
 def run_benchmark(args) -> None:
     peak = args.peak_tflops * 1e12 if args.peak_tflops else measure_bf16_peak()
+    args.peak_tflops = peak / 1e12  # the toolkit's own MFU (results.json) uses the same peak
     print(f"bf16 matmul peak of this machine: {peak / 1e12:.2f} TFLOP/s")
-    rounds = {name: [] for name in RUNS}
+    rounds = {name: [] for name in args.runs}
     for round_index in range(args.repeats):
-        for name in RUNS:
+        for name in args.runs:
             result = child(name, args)
             print(
                 f"round {round_index + 1} {name}: {result['train_samples_per_second']:.1f} samples/s",
@@ -90,7 +110,8 @@ def child(name: str, args, rows_multiplier: int = 1) -> dict:
                    "--data_dir", args.data_dir, "--train_samples", str(args.train_samples),
                    "--eval_samples", str(args.eval_samples), "--num_train_epochs", str(args.num_train_epochs),
                    "--batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
-                   "--rows_multiplier", str(rows_multiplier)]  # fmt: skip
+                   "--rows_multiplier", str(rows_multiplier),
+                   "--peak_tflops", str(args.peak_tflops)]  # fmt: skip
         # A fresh datasets cache per run: every run pays for its own tokenization, as a first run does.
         env = {**os.environ, "HF_DATASETS_CACHE": str(Path(tmp) / "cache"), "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
@@ -135,6 +156,8 @@ LABELS = {
     "trainer": "Trainer defaults",
     "trainer_tuned": "Trainer tuned",
     "bare": "bare Accelerate loop",
+    "torch_dropout": "finetune, torch dropout",
+    "compiled": "finetune, torch.compile",
 }
 
 
@@ -202,13 +225,9 @@ def _files(args) -> dict:
     }
 
 
-def _non_embedding_params(model) -> int:
-    embeddings = {id(p) for p in model.base_model.embeddings.parameters()}
-    return sum(p.numel() for p in model.parameters() if id(p) not in embeddings)
-
-
-def run_toolkit(args) -> dict:
+def run_toolkit(args, variant: str = "toolkit") -> dict:
     from finetune.mnli import main as finetune_main
+    from finetune.modeling import non_embedding_parameters
 
     files = _files(args)
     with tempfile.TemporaryDirectory() as out:
@@ -219,6 +238,7 @@ def run_toolkit(args) -> dict:
             "--num_train_epochs", str(args.num_train_epochs),
             "--per_device_train_batch_size", str(args.batch_size),
             "--learning_rate", str(args.learning_rate), "--logging_steps", "1000",
+            "--peak_tflops", str(args.peak_tflops), *TOOLKIT_VARIANTS[variant],
         ])  # fmt: skip
     from transformers import AutoModelForSequenceClassification
 
@@ -227,7 +247,7 @@ def run_toolkit(args) -> dict:
         "train_samples_per_second": results["train_samples_per_second"],
         "train_tokens_per_second": results["train_tokens_per_second"],
         "accuracy": results["eval_matched_accuracy"],
-        "non_embedding_params": _non_embedding_params(model),
+        "non_embedding_params": non_embedding_parameters(model),
     }
 
 
@@ -261,6 +281,8 @@ def _run_trainer(args, tuned: bool) -> dict:
         TrainingArguments,
     )
 
+    from finetune.modeling import non_embedding_parameters
+
     tokenizer = AutoTokenizer.from_pretrained(_model_dir())
     model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
     data = _tokenized(args, tokenizer)
@@ -283,7 +305,7 @@ def _run_trainer(args, tuned: bool) -> dict:
         "train_samples_per_second": float(train_metrics["train_samples_per_second"]),
         "train_tokens_per_second": real_tokens / train_metrics["train_runtime"],
         "accuracy": float(accuracy),
-        "non_embedding_params": _non_embedding_params(model),
+        "non_embedding_params": non_embedding_parameters(model),
     }
 
 
@@ -301,7 +323,8 @@ def run_bare(args) -> dict:
     )
 
     from finetune.data import LengthGroupedSampler
-    from finetune.modeling import build_optimizer
+    from finetune.kernels import use_packed_dropout
+    from finetune.modeling import build_optimizer, non_embedding_parameters
     from finetune.runtime import resolve_mixed_precision
 
     accelerator = Accelerator(
@@ -310,6 +333,8 @@ def run_bare(args) -> dict:
     torch.manual_seed(42)
     tokenizer = AutoTokenizer.from_pretrained(_model_dir())
     model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
+    if not torch.cuda.is_available():
+        use_packed_dropout(model)
     data = _tokenized(args, tokenizer)
     train, validation = (data[k].rename_column("label", "labels") for k in ("train", "validation"))
     lengths = [len(ids) for ids in train["input_ids"]]
@@ -323,6 +348,7 @@ def run_bare(args) -> dict:
     scheduler = get_scheduler("linear", optimizer, int(0.1 * steps), steps)
     model, optimizer, loader, eval_loader = accelerator.prepare(model, optimizer, loader, eval_loader)
     started, tokens = time.perf_counter(), 0
+    model.train()  # from_pretrained returns the model in eval mode: no dropout
     for epoch in range(args.num_train_epochs):
         sampler.set_epoch(epoch)
         for batch in loader:
@@ -345,7 +371,7 @@ def run_bare(args) -> dict:
         "train_samples_per_second": len(train) * args.num_train_epochs / runtime,
         "train_tokens_per_second": tokens / runtime,
         "accuracy": correct / len(validation),
-        "non_embedding_params": _non_embedding_params(accelerator.unwrap_model(model)),
+        "non_embedding_params": non_embedding_parameters(accelerator.unwrap_model(model)),
     }
 
 
@@ -372,6 +398,8 @@ def run_prep(args) -> dict:
 
 CHILDREN = {
     "toolkit": run_toolkit,
+    "torch_dropout": lambda args: run_toolkit(args, "torch_dropout"),
+    "compiled": lambda args: run_toolkit(args, "compiled"),
     "trainer": lambda args: _run_trainer(args, tuned=False),
     "trainer_tuned": lambda args: _run_trainer(args, tuned=True),
     "bare": run_bare,

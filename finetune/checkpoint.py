@@ -169,6 +169,10 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
     # get_state_dict gathers shards under FSDP, so every rank takes part.
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(output_dir, state_dict=state_dict)
+        # --torch_compile: the compiled wrapper's names carry an `_orig_mod.` prefix that
+        # from_pretrained would not recognise (it would load a randomly initialised model).
+        state_dict = {name.removeprefix("_orig_mod."): tensor for name, tensor in state_dict.items()}
+        model = accelerator.unwrap_model(model, keep_torch_compile=False)
+        model.save_pretrained(output_dir, state_dict=state_dict)
         tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()

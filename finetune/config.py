@@ -20,6 +20,7 @@ from finetune.tasks import GLUE_TASKS, TASK_CHOICES
 DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
 REPORT_TO_CHOICES = ("wandb", "tensorboard", "all", "none")
 MIXED_PRECISION_CHOICES = ("auto", "no", "bf16", "fp16")
+DROPOUT_KERNELS = ("auto", "packed", "torch")
 DDP_COMM_HOOKS = ("none", "fp16", "bf16")
 
 
@@ -83,6 +84,19 @@ class TrainConfig:
     mixed_precision: str = _help(
         "auto (bf16 where the device multiplies bf16 fast, else the launcher's choice), no, bf16 or fp16.",
         default="auto",
+    )
+    dropout_kernel: str = _help(
+        "auto (packed on CPU, torch on CUDA), packed (4 masks per 64-bit random draw) or torch.",
+        default="auto",
+    )
+    torch_compile: bool = _help(
+        "Compile the model with torch.compile (inductor, dynamic shapes); slower than eager on CPU here.",
+        default=False,
+    )
+    peak_tflops: float | None = _help(
+        "Peak TFLOP/s of one device in the training precision, for MFU in logs and results.json "
+        "(bf16 dense: H100 SXM 989, A100 312; `make bench` measures a CPU's); unset: no MFU.",
+        default=None,
     )
     # --- outputs, checkpoints, logging
     output_dir: str | None = _help(
@@ -192,6 +206,10 @@ class TrainConfig:
             raise ConfigError("--push_to_hub needs the Hub; HF_HUB_OFFLINE is set: unset it or drop the flag")
         if self.mixed_precision not in MIXED_PRECISION_CHOICES:
             raise ConfigError(f"--mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}")
+        if self.dropout_kernel not in DROPOUT_KERNELS:
+            raise ConfigError(f"--dropout_kernel must be one of {', '.join(DROPOUT_KERNELS)}")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise ConfigError(f"--peak_tflops must be > 0 or left unset, got {self.peak_tflops}")
         if self.report_to not in REPORT_TO_CHOICES:
             raise ConfigError(
                 f"--report_to must be one of {', '.join(REPORT_TO_CHOICES)}, got {self.report_to!r}"

@@ -47,6 +47,8 @@ class Run:
     """Rows per split after --max_*_samples, for the model card and the prediction check."""
     started_s: float
     """time.perf_counter() when setup began: the model card's wall time."""
+    flops_per_token: int
+    """6 x non-embedding parameters: the training FLOPs of one real token, for MFU."""
 
 
 def train(run: Run, stop: StopSignals):
@@ -179,7 +181,17 @@ def _train_record(run: Run, meter: _Meter, epoch: int, grad_norm: float) -> dict
         "grad_norm": grad_norm,
         "samples_per_second": samples / seconds,
         "tokens_per_second": tokens / seconds,
+        **model_flops_utilization(run, tokens / seconds, "mfu"),
     }
+
+
+def model_flops_utilization(run: Run, tokens_per_second: float, key: str) -> dict:
+    """{key: useful-token MFU} (real tokens only, over the peak of every device), or {} without
+    --peak_tflops."""
+    peak = run.config.peak_tflops
+    if peak is None:
+        return {}
+    return {key: run.flops_per_token * tokens_per_second / (peak * 1e12 * run.accelerator.num_processes)}
 
 
 def _checkpoint_or_stop(run: Run, stop: StopSignals) -> None:

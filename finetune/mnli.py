@@ -31,8 +31,9 @@ from finetune.checkpoint import (
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
 from finetune.data import build_dataloaders, load_splits, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
-from finetune.loop import Run, train
-from finetune.modeling import build_optimizer, load_model_and_tokenizer
+from finetune.kernels import use_packed_dropout
+from finetune.loop import Run, model_flops_utilization, train
+from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
 from finetune.report import CURVES_FILE, hardware, plot_training_curves, push_to_hub, write_model_card
 from finetune.runtime import (
     StopSignals,
@@ -99,6 +100,10 @@ def setup(config: TrainConfig) -> Run:
         )
     model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length)
     signature = model_signature(config.model_name_or_path, model)
+    if config.dropout_kernel == "auto":  # resolved here, so train_config.json shows which one ran
+        config.dropout_kernel = "packed" if accelerator.device.type == "cpu" else "torch"
+    if config.dropout_kernel == "packed":
+        use_packed_dropout(model)
     tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
     loaders = build_dataloaders(tokenized, tokenizer, config, world_size, accelerator.device.type == "cuda")
     plan = plan_steps(  # no training: a plan of zero updates
@@ -145,6 +150,7 @@ def setup(config: TrainConfig) -> Run:
         log=log,
         rows={name: len(split) for name, split in splits.items()},
         started_s=started_s,
+        flops_per_token=6 * non_embedding_parameters(accelerator.unwrap_model(model)),
     )
 
 
@@ -175,6 +181,7 @@ def execute(run: Run) -> dict:
             "train_samples": state.samples_seen,
             "train_samples_per_second": state.samples_seen / runtime_s,
             "train_tokens_per_second": state.tokens_seen / runtime_s,
+            **model_flops_utilization(run, state.tokens_seen / runtime_s, "train_mfu"),
             "eval_runtime_s": eval_runtime_s,
             "best_metric": state.best_metric,
             "best_step": state.best_step,

@@ -51,3 +51,10 @@ def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: 
     ]
     # One fused kernel per step instead of one per tensor; torch has it on CPU and CUDA.
     return torch.optim.AdamW(groups, lr=learning_rate, fused=True)
+
+
+def non_embedding_parameters(model: torch.nn.Module) -> int:
+    """N in the 6·N FLOPs per trained token of MFU: every parameter outside the embedding layer(s)."""
+    embeddings = getattr(model.base_model, "embeddings", None) or model.get_input_embeddings()
+    excluded = {id(p) for p in embeddings.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in excluded)

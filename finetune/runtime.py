@@ -9,7 +9,12 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, gather_object
+from accelerate.utils import (
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    TorchDynamoPlugin,
+    gather_object,
+)
 
 from finetune.config import ConfigError, TrainConfig
 
@@ -64,6 +69,8 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         # The schedule is sized in real optimizer steps; by default Accelerate would step it
         # num_processes times per update (the official examples multiply the length to match).
         step_scheduler_with_optimizer=False,
+        # None: an accelerate config's dynamo_config (if any) decides.
+        dynamo_plugin=TorchDynamoPlugin(backend="inductor", dynamic=True) if config.torch_compile else None,
     )
     check_world_size(int(os.environ.get("WORLD_SIZE", "1")), accelerator.num_processes)
     if torch.cuda.is_available():

@@ -94,7 +94,8 @@ def tiny_args(model_dir: Path, files: dict[str, Path], output_dir: Path, *extra:
         "--validation_file", str(files["validation"]),
         "--output_dir", str(output_dir),
         "--per_device_train_batch_size", "16",
-        "--learning_rate", "1e-2",
+        # At 1e-2, whether the tiny BERT learns at all depends on the seed (and the dropout masks).
+        "--learning_rate", "3e-3",
         "--num_train_epochs", "1",
         "--max_length", "64",
         "--logging_steps", "5",

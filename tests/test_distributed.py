@@ -175,7 +175,7 @@ def test_partial_last_window_over_two_ranks_matches_one_big_batch(tiny_model_dir
     model_dir = without_dropout(tiny_model_dir, tmp_path / "model")
     out = tmp_path / "out"
     flags = ["--max_train_samples", "10", "--per_device_train_batch_size", "2",
-             "--gradient_accumulation_steps", "2",
+             "--gradient_accumulation_steps", "2", "--learning_rate", "1e-2",
              "--lr_scheduler_type", "constant", "--warmup_ratio", "0", "--max_grad_norm", "0"]  # fmt: skip
     two_process(tiny_args(model_dir, nli_files, out, *flags))
     batches = BatchSampler(range(10), batch_size=2, drop_last=False)

@@ -158,3 +158,39 @@ def test_metric_loads_offline():
     assert huggingface_hub.constants.HF_HUB_OFFLINE  # set by conftest before any HF import
     metric = load_metric(GLUE_TASKS["mnli"], Accelerator(cpu=True))
     assert metric.compute(predictions=[0, 1, 2, 2], references=[0, 1, 1, 2])["accuracy"] == 0.75
+
+
+def test_mfu_is_logged_against_the_given_peak(trained, tiny_model_dir, nli_files, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    from finetune.modeling import non_embedding_parameters
+
+    assert "train_mfu" not in trained[1]  # no peak given, no guess
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "10", "--peak_tflops", "0.5")
+    results = main(args)
+    n = non_embedding_parameters(AutoModelForSequenceClassification.from_pretrained(tiny_model_dir))
+    assert 0 < n < 40_000  # 2 layers of hidden 32; the 30k-token embedding table is not counted
+    assert results["train_mfu"] == pytest.approx(6 * n * results["train_tokens_per_second"] / 0.5e12)
+    lines = [r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r]
+    assert len(lines) == 2
+    assert all(r["mfu"] == pytest.approx(6 * n * r["tokens_per_second"] / 0.5e12) for r in lines)
+
+
+@pytest.mark.slow
+def test_torch_compile_trains_and_saves_loadable_weights(tiny_model_dir, nli_files, tmp_path):
+    """Compiled (~1 min on CPU): the exported weights carry the model's own names (no compile
+    wrapper prefix), have trained, and evaluate to the accuracy the run reported."""
+    out = tmp_path / "out"
+    results = main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "6", "--torch_compile"))
+    reset_accelerate()
+    assert results["global_step"] == 6
+    trained_weights, initial = weights(out), weights(tiny_model_dir)
+    assert trained_weights.keys() == initial.keys()
+    assert not torch.equal(trained_weights["classifier.weight"], initial["classifier.weight"])
+    evaluated = main(
+        ["--model_name_or_path", str(out), "--validation_file", str(nli_files["validation"]),
+         "--do_train", "false", "--output_dir", str(tmp_path / "eval"), "--report_to", "none",
+         "--mixed_precision", "no", "--max_length", "64"]
+    )  # fmt: skip
+    assert evaluated["eval_matched_accuracy"] == results["eval_matched_accuracy"]
