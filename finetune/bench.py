@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--num_train_epochs", type=int, default=1)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=1e-4)
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of the 4 runs; medians are printed")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all the runs; medians are printed")
     parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak; measured if unset")
     parser.add_argument("--output_dir", default="outputs/bench", help="where bench.json and bench.png go")
     parser.add_argument(
