@@ -1,7 +1,8 @@
 """`make bench`: this toolkit against HF Trainer on the same work, side by side, in one invocation.
 
 Every run is its own process (so peak RSS is its own), the runs alternate, and all share the model,
-rows, epochs, batch size, learning rate and seed:
+rows, epochs, batch size, learning rate and seed (round k of --repeats uses seed + k - 1 for every
+run, so the rounds also show how accuracy varies with the seed):
 
   toolkit        finetune/mnli.py with its defaults (bf16 where fast, length-grouped batches, fused AdamW)
   trainer        transformers.Trainer with its defaults plus dynamic padding
@@ -14,8 +15,9 @@ and, when asked for with --extra_runs, ablations of the toolkit:
   compiled       the toolkit with --torch_compile (compile time included, as a user pays it)
 
 Printed: train samples/s, real (non-pad) tokens/s, useful-token MFU against this machine's measured
-bf16 matmul peak, peak RSS, validation accuracy, whole-run wall time, and the ratios. Then the cost of
-data preparation (time, peak RSS) for the rows and for 10x the rows.
+bf16 matmul peak, peak RSS, whole-run wall time (medians over rounds), validation accuracy (mean and
+standard deviation over rounds), and the ratios. Then the cost of data preparation (time, peak
+RSS) for the rows and for 10x the rows.
 
     python -m finetune.bench [--train_samples 2000] [--num_train_epochs 1] [--repeats 1]
                              [--extra_runs torch_dropout,compiled]
@@ -53,6 +55,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all the runs; medians are printed")
+    parser.add_argument("--seed", type=int, default=42, help="seed of round 1; round k uses seed + k - 1")
     parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak; measured if unset")
     parser.add_argument("--output_dir", default="outputs/bench", help="where bench.json and bench.png go")
     parser.add_argument(
@@ -83,9 +86,10 @@ def run_benchmark(args) -> None:
     rounds = {name: [] for name in args.runs}
     for round_index in range(args.repeats):
         for name in args.runs:
-            result = child(name, args)
+            result = child(name, args, seed=args.seed + round_index)
             print(
-                f"round {round_index + 1} {name}: {result['train_samples_per_second']:.1f} samples/s",
+                f"round {round_index + 1} {name}: {result['train_samples_per_second']:.1f} samples/s, "
+                f"accuracy {result['accuracy']:.4f}",
                 flush=True,
             )
             rounds[name].append(result)
@@ -103,15 +107,15 @@ def run_benchmark(args) -> None:
     print(f"\n{out / 'bench.json'}, {out / 'bench.png'}")
 
 
-def child(name: str, args, rows_multiplier: int = 1) -> dict:
+def child(name: str, args, rows_multiplier: int = 1, seed: int | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "finetune.bench", "--child", name, "--result", str(result_file),
                    "--data_dir", args.data_dir, "--train_samples", str(args.train_samples),
                    "--eval_samples", str(args.eval_samples), "--num_train_epochs", str(args.num_train_epochs),
                    "--batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
-                   "--rows_multiplier", str(rows_multiplier),
-                   "--peak_tflops", str(args.peak_tflops)]  # fmt: skip
+                   "--rows_multiplier", str(rows_multiplier), "--peak_tflops", str(args.peak_tflops),
+                   "--seed", str(args.seed if seed is None else seed)]  # fmt: skip
         # A fresh datasets cache per run: every run pays for its own tokenization, as a first run does.
         env = {**os.environ, "HF_DATASETS_CACHE": str(Path(tmp) / "cache"), "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
@@ -124,6 +128,9 @@ def summarize(results: list[dict], peak: float) -> dict:
         k: statistics.median(r[k] for r in results) for k in results[0] if isinstance(results[0][k], float)
     }
     median["mfu"] = 6 * results[0]["non_embedding_params"] * median["train_tokens_per_second"] / peak
+    accuracies = [r["accuracy"] for r in results]
+    median["accuracy"] = statistics.mean(accuracies)
+    median["accuracy_sd"] = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
     return median
 
 
@@ -132,17 +139,18 @@ def print_table(table: dict, args) -> None:
     print(
         f"\nMiniLM-L6 on {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
         f"batch {args.batch_size}, lr {args.learning_rate}, eval on {args.eval_samples} "
-        f"validation_matched rows, {args.repeats} round(s)\n"
+        f"validation_matched rows, {args.repeats} round(s) from seed {args.seed}\n"
     )
     header = (
-        f"{'run':<14}{'samples/s':>10}{'tokens/s':>10}{'MFU':>7}{'RSS MB':>8}{'acc':>7}{'wall s':>8}"
-        f"{'x trainer':>10}{'x tuned':>9}{'wall x tr':>10}{'wall x tu':>10}"
+        f"{'run':<14}{'samples/s':>10}{'tokens/s':>10}{'MFU':>7}{'RSS MB':>8}{'acc':>7}{'acc sd':>7}"
+        f"{'wall s':>8}{'x trainer':>10}{'x tuned':>9}{'wall x tr':>10}{'wall x tu':>10}"
     )
     print(header)
     for name, r in table.items():
         print(
             f"{name:<14}{r['train_samples_per_second']:>10.1f}{r['train_tokens_per_second']:>10.0f}"
-            f"{r['mfu']:>7.1%}{r['peak_rss_mb']:>8.0f}{r['accuracy']:>7.3f}{r['wall_s']:>8.1f}"
+            f"{r['mfu']:>7.1%}{r['peak_rss_mb']:>8.0f}{r['accuracy']:>7.3f}{r['accuracy_sd']:>7.3f}"
+            f"{r['wall_s']:>8.1f}"
             f"{r['train_samples_per_second'] / base['train_samples_per_second']:>10.2f}"
             f"{r['train_samples_per_second'] / tuned['train_samples_per_second']:>9.2f}"
             f"{base['wall_s'] / r['wall_s']:>10.2f}{tuned['wall_s'] / r['wall_s']:>10.2f}"
@@ -162,7 +170,8 @@ LABELS = {
 
 
 def draw_chart(table: dict, args, png: Path) -> None:
-    """Two bar panels: training samples/s and whole-run wall time, with ratios to Trainer defaults."""
+    """Bar panels: training samples/s and whole-run wall time with ratios to Trainer defaults, and
+    validation accuracy (mean and standard deviation over the rounds' seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,7 +181,7 @@ def draw_chart(table: dict, args, png: Path) -> None:
     labels = [LABELS[n] for n in names]
     colors = ["tab:blue" if n == "toolkit" else "tab:gray" for n in names]
     base = table["trainer"]
-    figure, (speed, wall) = plt.subplots(1, 2, figsize=(11, 3.6), dpi=100)
+    figure, (speed, wall, accuracy) = plt.subplots(1, 3, figsize=(15, 3.6), dpi=100, sharey=True)
     panels = (
         (speed, "train_samples_per_second", "training samples/s (higher is better)", True),
         (wall, "wall_s", "whole-run wall time, s (lower is better)", False),
@@ -183,11 +192,17 @@ def draw_chart(table: dict, args, png: Path) -> None:
         bars = axis.barh(labels, values, color=colors)
         axis.bar_label(bars, [f"{v:.1f}  ({r:.2f}x)" for v, r in zip(values, ratios, strict=True)], padding=3)
         axis.set_title(title, fontsize="medium")
-        axis.invert_yaxis()
         axis.set_xlim(0, max(values) * 1.5)
+    means, sds = [table[n]["accuracy"] for n in names], [table[n]["accuracy_sd"] for n in names]
+    bars = accuracy.barh(labels, means, xerr=sds, color=colors)
+    accuracy.bar_label(bars, [f"{m:.3f} ± {s:.3f}" for m, s in zip(means, sds, strict=True)], padding=8)
+    accuracy.set_title("validation_matched accuracy (mean ± sd over seeds)", fontsize="medium")
+    accuracy.set_xlim(0, 1)
+    speed.invert_yaxis()  # shared: the first run on top in every panel
     figure.suptitle(
         f"MiniLM-L6, {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
-        f"batch {args.batch_size}, {args.repeats} round(s); ratios against Trainer defaults",
+        f"batch {args.batch_size}, {args.repeats} round(s) from seed {args.seed}; "
+        "ratios against Trainer defaults",
         fontsize="medium",
     )
     figure.tight_layout()
@@ -238,7 +253,7 @@ def run_toolkit(args, variant: str = "toolkit") -> dict:
             "--num_train_epochs", str(args.num_train_epochs),
             "--per_device_train_batch_size", str(args.batch_size),
             "--learning_rate", str(args.learning_rate), "--logging_steps", "1000",
-            "--peak_tflops", str(args.peak_tflops), *TOOLKIT_VARIANTS[variant],
+            "--peak_tflops", str(args.peak_tflops), "--seed", str(args.seed), *TOOLKIT_VARIANTS[variant],
         ])  # fmt: skip
     from transformers import AutoModelForSequenceClassification
 
@@ -290,8 +305,8 @@ def _run_trainer(args, tuned: bool) -> dict:
     with tempfile.TemporaryDirectory() as out:
         training_args = TrainingArguments(
             output_dir=out, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
-            num_train_epochs=args.num_train_epochs, learning_rate=args.learning_rate, seed=42, report_to=[],
-            save_strategy="no", logging_steps=1000, use_cpu=True, **(options if tuned else {}),
+            num_train_epochs=args.num_train_epochs, learning_rate=args.learning_rate, seed=args.seed,
+            report_to=[], save_strategy="no", logging_steps=1000, use_cpu=True, **(options if tuned else {}),
         )  # fmt: skip
         trainer = Trainer(
             model=model, args=training_args, train_dataset=data["train"], eval_dataset=data["validation"],
@@ -330,7 +345,7 @@ def run_bare(args) -> dict:
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(), mixed_precision=resolve_mixed_precision("auto")
     )
-    torch.manual_seed(42)
+    torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(_model_dir())
     model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
     if not torch.cuda.is_available():
@@ -339,7 +354,7 @@ def run_bare(args) -> dict:
     train, validation = (data[k].rename_column("label", "labels") for k in ("train", "validation"))
     lengths = [len(ids) for ids in train["input_ids"]]
     collate = DataCollatorWithPadding(tokenizer)
-    sampler = LengthGroupedSampler(lengths, 50 * args.batch_size, seed=42)
+    sampler = LengthGroupedSampler(lengths, args.batch_size, seed=args.seed)
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
     order = sorted(range(len(validation)), key=lambda i: len(validation[i]["input_ids"]))
     eval_loader = DataLoader(validation, batch_size=64, sampler=order, collate_fn=collate)

@@ -165,13 +165,16 @@ def without_dropout(model_dir, folder):
     return folder
 
 
-def reference_weights(model_dir, nli_files, windows: list, learning_rate: float) -> dict:
+def reference_weights(
+    model_dir, nli_files, windows: list, learning_rate: float, global_batch_size: int
+) -> dict:
     """A plain PyTorch loop: one AdamW step per window on the mean loss over that window's pairs.
 
     A window lists positions in the epoch's sample order (a position may repeat, as when
     Accelerate pads the last batches of a rank with rows from the start).
 
-    Same rows, order and padding as the toolkit (its data pieces are reused), but none of its loop.
+    Same rows, order and padding as the toolkit (its data pieces are reused), but none of its loop;
+    the order depends on the toolkit run's `global_batch_size` (per-device batch x processes).
     """
     from accelerate import Accelerator
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
@@ -184,7 +187,7 @@ def reference_weights(model_dir, nli_files, windows: list, learning_rate: float)
                          max_train_samples=max(max(w) for w in windows) + 1, max_length=64)  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     train = tokenize_splits(*load_splits(config), tokenizer, 64, Accelerator(cpu=True))["train"]
-    order = list(LengthGroupedSampler(train["length"], mega_batch_size=10_000, seed=config.seed))
+    order = list(LengthGroupedSampler(train["length"], global_batch_size, seed=config.seed))
     rows = train.select_columns(["input_ids", "token_type_ids", "attention_mask", "labels"])
     collate = DataCollatorWithPadding(tokenizer)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir)
@@ -209,6 +212,8 @@ def assert_same_weights(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
     for name in a:
         # Softmax ignores a bias added to every key, so its gradient is rounding noise that Adam
-        # scales up to full steps: those tensors agree on nothing and are skipped.
+        # scales up to full steps: those tensors agree on nothing and are skipped. Elsewhere Adam
+        # still lifts the rounding of a summation order to ~1e-6 in an entry with a near-zero
+        # gradient (an embedding row one pair touched); a mis-scaled last step fails by far more.
         if not name.endswith("attention.self.key.bias"):
-            torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)
+            torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)

@@ -1,4 +1,5 @@
 import csv
+import itertools
 import json
 
 import pytest
@@ -100,7 +101,7 @@ LENGTHS = [((i * 7919) % 97) + 3 for i in range(1000)]
 
 @pytest.mark.parametrize("group_by_length", [True, False])
 def test_sampler_yields_every_index_once_per_epoch(group_by_length):
-    sampler = LengthGroupedSampler(LENGTHS, mega_batch_size=256, seed=1, group_by_length=group_by_length)
+    sampler = LengthGroupedSampler(LENGTHS, 24, seed=1, group_by_length=group_by_length, mega_batches=10)
     for epoch in range(3):
         sampler.set_epoch(epoch)
         assert sorted(sampler) == list(range(len(LENGTHS)))
@@ -108,8 +109,8 @@ def test_sampler_yields_every_index_once_per_epoch(group_by_length):
 
 def test_sampler_groups_lengths_and_reshuffles_every_epoch():
     batch = 16
-    grouped = LengthGroupedSampler(LENGTHS, mega_batch_size=50 * batch, seed=1)
-    plain = LengthGroupedSampler(LENGTHS, mega_batch_size=50 * batch, seed=1, group_by_length=False)
+    grouped = LengthGroupedSampler(LENGTHS, batch, seed=1)
+    plain = LengthGroupedSampler(LENGTHS, batch, seed=1, group_by_length=False)
 
     def padded_tokens(order):
         batches = [order[i : i + batch] for i in range(0, len(order), batch)]
@@ -123,6 +124,15 @@ def test_sampler_groups_lengths_and_reshuffles_every_epoch():
     assert list(grouped) == first  # a pure function of (seed, epoch): resume sees the same order
 
 
+def test_sampler_shuffles_the_batches_not_a_long_to_short_sawtooth():
+    """Sorted batches (HF Trainer's group_by_length) run long to short through each mega-batch."""
+    batch = 16
+    order = list(LengthGroupedSampler(LENGTHS, batch, seed=1, mega_batches=50))
+    longest = [max(LENGTHS[i] for i in order[s : s + batch]) for s in range(0, len(order), batch)]
+    falls = sum(a >= b for a, b in itertools.pairwise(longest))
+    assert falls < 0.75 * (len(longest) - 1)  # in sorted order nearly every step falls
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_sampler_shards_cover_every_index_once_per_world_size(world_size):
     """Through Accelerate's own sharding: each rank a share, together every index, none twice
@@ -131,7 +141,7 @@ def test_sampler_shards_cover_every_index_once_per_world_size(world_size):
     from torch.utils.data import BatchSampler
 
     batch = 16
-    sampler = LengthGroupedSampler(LENGTHS, mega_batch_size=50 * batch * world_size, seed=3)
+    sampler = LengthGroupedSampler(LENGTHS, batch * world_size, seed=3)
     for epoch in (0, 1):
         sampler.set_epoch(epoch)
         shards = [
