@@ -93,7 +93,8 @@ def run_benchmark(args) -> None:
                 flush=True,
             )
             rounds[name].append(result)
-    table = {name: summarize(results, peak) for name, results in rounds.items()}
+    flops_per_token = 6 * _non_embedding_parameters()  # the same model in every run
+    table = {name: summarize(results, flops_per_token / peak) for name, results in rounds.items()}
     print_table(table, args)
     prep = {k: child("prep", args, rows_multiplier=k) for k in (1, 10)}
     print("\ndata preparation (load + tokenize, fresh cache):")
@@ -123,11 +124,11 @@ def child(name: str, args, rows_multiplier: int = 1, seed: int | None = None) ->
         return json.loads(result_file.read_text())
 
 
-def summarize(results: list[dict], peak: float) -> dict:
+def summarize(results: list[dict], seconds_per_token_at_peak: float) -> dict:
     median = {
         k: statistics.median(r[k] for r in results) for k in results[0] if isinstance(results[0][k], float)
     }
-    median["mfu"] = 6 * results[0]["non_embedding_params"] * median["train_tokens_per_second"] / peak
+    median["mfu"] = median["train_tokens_per_second"] * seconds_per_token_at_peak
     accuracies = [r["accuracy"] for r in results]
     median["accuracy"] = statistics.mean(accuracies)
     median["accuracy_sd"] = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
@@ -240,9 +241,19 @@ def _files(args) -> dict:
     }
 
 
+def _non_embedding_parameters() -> int:
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    from finetune.modeling import non_embedding_parameters
+
+    config = AutoConfig.from_pretrained(_model_dir(), num_labels=3)
+    with torch.device("meta"):  # shapes only: nothing is read or allocated
+        return non_embedding_parameters(AutoModelForSequenceClassification.from_config(config))
+
+
 def run_toolkit(args, variant: str = "toolkit") -> dict:
     from finetune.mnli import main as finetune_main
-    from finetune.modeling import non_embedding_parameters
 
     files = _files(args)
     with tempfile.TemporaryDirectory() as out:
@@ -255,14 +266,10 @@ def run_toolkit(args, variant: str = "toolkit") -> dict:
             "--learning_rate", str(args.learning_rate), "--logging_steps", "1000",
             "--peak_tflops", str(args.peak_tflops), "--seed", str(args.seed), *TOOLKIT_VARIANTS[variant],
         ])  # fmt: skip
-    from transformers import AutoModelForSequenceClassification
-
-    model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
     return {
         "train_samples_per_second": results["train_samples_per_second"],
         "train_tokens_per_second": results["train_tokens_per_second"],
         "accuracy": results["eval_matched_accuracy"],
-        "non_embedding_params": non_embedding_parameters(model),
     }
 
 
@@ -296,8 +303,6 @@ def _run_trainer(args, tuned: bool) -> dict:
         TrainingArguments,
     )
 
-    from finetune.modeling import non_embedding_parameters
-
     tokenizer = AutoTokenizer.from_pretrained(_model_dir())
     model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
     data = _tokenized(args, tokenizer)
@@ -320,7 +325,6 @@ def _run_trainer(args, tuned: bool) -> dict:
         "train_samples_per_second": float(train_metrics["train_samples_per_second"]),
         "train_tokens_per_second": real_tokens / train_metrics["train_runtime"],
         "accuracy": float(accuracy),
-        "non_embedding_params": non_embedding_parameters(model),
     }
 
 
@@ -339,7 +343,7 @@ def run_bare(args) -> dict:
 
     from finetune.data import LengthGroupedSampler
     from finetune.kernels import use_packed_dropout
-    from finetune.modeling import build_optimizer, non_embedding_parameters
+    from finetune.modeling import build_optimizer
     from finetune.runtime import resolve_mixed_precision
 
     accelerator = Accelerator(
@@ -386,7 +390,6 @@ def run_bare(args) -> dict:
         "train_samples_per_second": len(train) * args.num_train_epochs / runtime,
         "train_tokens_per_second": tokens / runtime,
         "accuracy": correct / len(validation),
-        "non_embedding_params": non_embedding_parameters(accelerator.unwrap_model(model)),
     }
 
 
