@@ -6,7 +6,8 @@ run, so the rounds also show how accuracy varies with the seed):
 
   toolkit        finetune/mnli.py with its defaults (bf16 where fast, length-grouped batches, fused AdamW)
   trainer        transformers.Trainer with its defaults plus dynamic padding
-  trainer_tuned  transformers.Trainer with bf16, group_by_length and fused AdamW
+  trainer_tuned  transformers.Trainer with bf16 where fast (the toolkit's rule), group_by_length and
+                 fused AdamW
   bare           a bare Accelerate loop with the toolkit's settings: shows the toolkit's own overhead
 
 and, when asked for with --extra_runs, ablations of the toolkit:
@@ -15,9 +16,9 @@ and, when asked for with --extra_runs, ablations of the toolkit:
   compiled       the toolkit with --torch_compile (compile time included, as a user pays it)
 
 Printed: train samples/s, real (non-pad) tokens/s, useful-token MFU against this machine's measured
-bf16 matmul peak, peak RSS, whole-run wall time (medians over rounds), validation accuracy (mean and
-standard deviation over rounds), and the ratios. Then the cost of data preparation (time, peak
-RSS) for the rows and for 10x the rows.
+matmul peak in the precision the toolkit trains in (bf16 where fast, else fp32), peak RSS, whole-run
+wall time (medians over rounds), validation accuracy (mean and standard deviation over rounds), and
+the ratios. Then the cost of data preparation (time, peak RSS) for the rows and for 10x the rows.
 
     python -m finetune.bench [--train_samples 2000] [--num_train_epochs 1] [--repeats 1]
                              [--extra_runs torch_dropout,compiled]
@@ -56,7 +57,9 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all the runs; medians are printed")
     parser.add_argument("--seed", type=int, default=42, help="seed of round 1; round k uses seed + k - 1")
-    parser.add_argument("--peak_tflops", type=float, default=None, help="device bf16 peak; measured if unset")
+    parser.add_argument(
+        "--peak_tflops", type=float, default=None, help="peak in the training precision; measured if unset"
+    )
     parser.add_argument("--output_dir", default="outputs/bench", help="where bench.json and bench.png go")
     parser.add_argument(
         "--extra_runs", default="", help=f"comma-separated ablations to add: {', '.join(EXTRA_RUNS)}"
@@ -80,9 +83,19 @@ def main() -> None:
 
 
 def run_benchmark(args) -> None:
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else measure_bf16_peak()
+    import torch
+
+    from finetune.runtime import resolve_mixed_precision
+
+    precision = resolve_mixed_precision("auto")
+    peaks = {name: measure_peak(dtype) for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
+    trained_in = "bf16" if precision == "bf16" else "fp32"
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else peaks[trained_in]
     args.peak_tflops = peak / 1e12  # the toolkit's own MFU (results.json) uses the same peak
-    print(f"bf16 matmul peak of this machine: {peak / 1e12:.2f} TFLOP/s")
+    print(
+        f"matmul peak of this machine: bf16 {peaks['bf16'] / 1e12:.3f}, fp32 {peaks['fp32'] / 1e12:.3f} "
+        f"TFLOP/s; the toolkit trains in {trained_in}, MFU is against {peak / 1e12:.3f}"
+    )
     rounds = {name: [] for name in args.runs}
     for round_index in range(args.repeats):
         for name in args.runs:
@@ -102,7 +115,8 @@ def run_benchmark(args) -> None:
         print(f"  {k:>2}x rows ({int(r['rows']):,}): {r['prep_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    measured = {"args": vars(args), "peak_flops": peak, "runs": table, "prep": prep, "rounds": rounds}
+    measured = {"args": vars(args), "precision": trained_in, "peak_flops": peak, "peaks": peaks,
+                "runs": table, "prep": prep, "rounds": rounds}  # fmt: skip
     (out / "bench.json").write_text(json.dumps(measured, indent=2))
     draw_chart(table, args, out / "bench.png")
     print(f"\n{out / 'bench.json'}, {out / 'bench.png'}")
@@ -211,11 +225,11 @@ def draw_chart(table: dict, args, png: Path) -> None:
     plt.close(figure)
 
 
-def measure_bf16_peak(size: int = 2048, seconds: float = 3.0) -> float:
+def measure_peak(dtype, size: int = 2048, seconds: float = 3.0) -> float:
     import torch
 
-    a = torch.randn(size, size, dtype=torch.bfloat16)
-    b = torch.randn(size, size, dtype=torch.bfloat16)
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
     for _ in range(3):
         a @ b
     count, started = 0, time.perf_counter()
@@ -303,10 +317,17 @@ def _run_trainer(args, tuned: bool) -> dict:
         TrainingArguments,
     )
 
+    from finetune.runtime import bf16_is_fast
+
     tokenizer = AutoTokenizer.from_pretrained(_model_dir())
     model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
     data = _tokenized(args, tokenizer)
-    options = {"bf16": True, "train_sampling_strategy": "group_by_length", "optim": "adamw_torch_fused"}
+    # bf16 only where it is fast: on a CPU that emulates it, bf16 would handicap the tuned Trainer.
+    options = {
+        "bf16": bf16_is_fast(),
+        "train_sampling_strategy": "group_by_length",
+        "optim": "adamw_torch_fused",
+    }
     with tempfile.TemporaryDirectory() as out:
         training_args = TrainingArguments(
             output_dir=out, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,

@@ -105,3 +105,33 @@ def test_bad_values_name_the_flag(field, value, flag):
     kwargs = {"train_file": "t.jsonl", "validation_file": "v.jsonl", field: value}
     with pytest.raises(ConfigError, match=flag):
         TrainConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("avx512_bf16", "amx", "launcher", "expected"),
+    [
+        (False, False, None, "no"),  # Skylake to Ice Lake Xeons: oneDNN emulates bf16, 2-4x slower
+        (True, False, None, "bf16"),  # AVX512-BF16 (Cooper Lake, Zen 4)
+        (False, True, None, "bf16"),  # AMX (Sapphire Rapids and later)
+        (False, False, "bf16", "bf16"),  # an accelerate config that asks for bf16 wins
+        (True, False, "no", "bf16"),  # a config without mixed precision leaves the choice to auto
+    ],
+)
+def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16_natively(
+    monkeypatch, avx512_bf16, amx, launcher, expected
+):
+    import torch
+
+    from finetune.runtime import resolve_mixed_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # What every AVX-512 CPU answers, native bf16 or not: not the signal to go by.
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    if launcher is None:
+        monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
+    assert resolve_mixed_precision("auto") == expected
+    assert resolve_mixed_precision("no") == "no"
