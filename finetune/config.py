@@ -82,7 +82,8 @@ class TrainConfig:
     )
     seed: int = _help("Seed for weights of new heads, dropout and data order.", default=42)
     mixed_precision: str = _help(
-        "auto (bf16 where the device multiplies bf16 fast, else the launcher's choice), no, bf16 or fp16.",
+        "auto (the accelerate config's bf16/fp16, else bf16 where the device multiplies it natively, "
+        "else fp32), no, bf16 or fp16.",
         default="auto",
     )
     dropout_kernel: str = _help(
