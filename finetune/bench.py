@@ -89,12 +89,12 @@ def run_benchmark(args) -> None:
 
     precision = resolve_mixed_precision("auto")
     peaks = {name: measure_peak(dtype) for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
-    trained_in = "bf16" if precision == "bf16" else "fp32"
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else peaks[trained_in]
+    args.precision = "bf16" if precision == "bf16" else "fp32"
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else peaks[args.precision]
     args.peak_tflops = peak / 1e12  # the toolkit's own MFU (results.json) uses the same peak
     print(
         f"matmul peak of this machine: bf16 {peaks['bf16'] / 1e12:.3f}, fp32 {peaks['fp32'] / 1e12:.3f} "
-        f"TFLOP/s; the toolkit trains in {trained_in}, MFU is against {peak / 1e12:.3f}"
+        f"TFLOP/s; the toolkit trains in {args.precision}, MFU is against {peak / 1e12:.3f}"
     )
     rounds = {name: [] for name in args.runs}
     for round_index in range(args.repeats):
@@ -115,8 +115,8 @@ def run_benchmark(args) -> None:
         print(f"  {k:>2}x rows ({int(r['rows']):,}): {r['prep_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    measured = {"args": vars(args), "precision": trained_in, "peak_flops": peak, "peaks": peaks,
-                "runs": table, "prep": prep, "rounds": rounds}  # fmt: skip
+    measured = {"args": vars(args), "peak_flops": peak, "peaks": peaks, "runs": table, "prep": prep,
+                "rounds": rounds}  # fmt: skip
     (out / "bench.json").write_text(json.dumps(measured, indent=2))
     draw_chart(table, args, out / "bench.png")
     print(f"\n{out / 'bench.json'}, {out / 'bench.png'}")
@@ -216,8 +216,8 @@ def draw_chart(table: dict, args, png: Path) -> None:
     speed.invert_yaxis()  # shared: the first run on top in every panel
     figure.suptitle(
         f"MiniLM-L6, {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
-        f"batch {args.batch_size}, {args.repeats} round(s) from seed {args.seed}; "
-        "ratios against Trainer defaults",
+        f"batch {args.batch_size}, {args.repeats} round(s) from seed {args.seed}, finetune in "
+        f"{args.precision}; ratios against Trainer defaults",
         fontsize="medium",
     )
     figure.tight_layout()
