@@ -4,7 +4,8 @@ Every run is its own process (so peak RSS is its own), the runs alternate, and a
 rows, epochs, batch size, learning rate and seed (round k of --repeats uses seed + k - 1 for every
 run, so the rounds also show how accuracy varies with the seed):
 
-  toolkit        finetune/mnli.py with its defaults (bf16 where fast, length-grouped batches, fused AdamW)
+  toolkit        finetune/mnli.py with its defaults (bf16 where fast, length-grouped batches, fused AdamW,
+                 on CPU packed dropout and padding-free layers)
   trainer        transformers.Trainer with its defaults plus dynamic padding
   trainer_tuned  transformers.Trainer with bf16 where fast (the toolkit's rule), group_by_length and
                  fused AdamW
@@ -13,6 +14,7 @@ run, so the rounds also show how accuracy varies with the seed):
 and, when asked for with --extra_runs, ablations of the toolkit:
 
   torch_dropout  the toolkit with --dropout_kernel torch (what packed dropout buys)
+  padded         the toolkit with --padding_free false (what padding-free layers buy)
   compiled       the toolkit with --torch_compile (compile time included, as a user pays it)
 
 Printed: train samples/s, real (non-pad) tokens/s, useful-token MFU against this machine's measured
@@ -42,9 +44,10 @@ RUNS = ("toolkit", "trainer", "trainer_tuned", "bare")
 TOOLKIT_VARIANTS = {
     "toolkit": [],
     "torch_dropout": ["--dropout_kernel", "torch"],
+    "padded": ["--padding_free", "false"],
     "compiled": ["--torch_compile"],
 }
-EXTRA_RUNS = ("torch_dropout", "compiled")
+EXTRA_RUNS = ("torch_dropout", "padded", "compiled")
 
 
 def main() -> None:
@@ -180,6 +183,7 @@ LABELS = {
     "trainer_tuned": "Trainer tuned",
     "bare": "bare Accelerate loop",
     "torch_dropout": "finetune, torch dropout",
+    "padded": "finetune, padded layers",
     "compiled": "finetune, torch.compile",
 }
 
@@ -317,14 +321,14 @@ def _run_trainer(args, tuned: bool) -> dict:
         TrainingArguments,
     )
 
-    from finetune.runtime import bf16_is_fast
+    from finetune.runtime import resolve_mixed_precision
 
     tokenizer = AutoTokenizer.from_pretrained(_model_dir())
     model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
     data = _tokenized(args, tokenizer)
-    # bf16 only where it is fast: on a CPU that emulates it, bf16 would handicap the tuned Trainer.
+    # The toolkit's precision: on a CPU that emulates bf16, bf16 would handicap the tuned Trainer.
     options = {
-        "bf16": bf16_is_fast(),
+        "bf16": resolve_mixed_precision("auto") == "bf16",
         "train_sampling_strategy": "group_by_length",
         "optim": "adamw_torch_fused",
     }
@@ -365,6 +369,7 @@ def run_bare(args) -> dict:
     from finetune.data import LengthGroupedSampler
     from finetune.kernels import use_packed_dropout
     from finetune.modeling import build_optimizer
+    from finetune.padding_free import use_padding_free
     from finetune.runtime import resolve_mixed_precision
 
     accelerator = Accelerator(
@@ -375,6 +380,7 @@ def run_bare(args) -> dict:
     model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
     if not torch.cuda.is_available():
         use_packed_dropout(model)
+        use_padding_free(model)
     data = _tokenized(args, tokenizer)
     train, validation = (data[k].rename_column("label", "labels") for k in ("train", "validation"))
     lengths = [len(ids) for ids in train["input_ids"]]
@@ -438,6 +444,7 @@ def run_prep(args) -> dict:
 CHILDREN = {
     "toolkit": run_toolkit,
     "torch_dropout": lambda args: run_toolkit(args, "torch_dropout"),
+    "padded": lambda args: run_toolkit(args, "padded"),
     "compiled": lambda args: run_toolkit(args, "compiled"),
     "trainer": lambda args: _run_trainer(args, tuned=False),
     "trainer_tuned": lambda args: _run_trainer(args, tuned=True),

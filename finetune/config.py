@@ -21,6 +21,7 @@ DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
 REPORT_TO_CHOICES = ("wandb", "tensorboard", "all", "none")
 MIXED_PRECISION_CHOICES = ("auto", "no", "bf16", "fp16")
 DROPOUT_KERNELS = ("auto", "packed", "torch")
+PADDING_FREE_CHOICES = ("auto", "true", "false")
 DDP_COMM_HOOKS = ("none", "fp16", "bf16")
 
 
@@ -88,6 +89,11 @@ class TrainConfig:
     )
     dropout_kernel: str = _help(
         "auto (packed on CPU, torch on CUDA), packed (4 masks per 64-bit random draw) or torch.",
+        default="auto",
+    )
+    padding_free: str = _help(
+        "auto (on CPU for BERT, RoBERTa, XLM-R and ELECTRA without --torch_compile), true or false: "
+        "the encoder skips padding everywhere but in attention; same results, less work.",
         default="auto",
     )
     torch_compile: bool = _help(
@@ -209,6 +215,8 @@ class TrainConfig:
             raise ConfigError(f"--mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}")
         if self.dropout_kernel not in DROPOUT_KERNELS:
             raise ConfigError(f"--dropout_kernel must be one of {', '.join(DROPOUT_KERNELS)}")
+        if self.padding_free not in PADDING_FREE_CHOICES:
+            raise ConfigError(f"--padding_free must be one of {', '.join(PADDING_FREE_CHOICES)}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ConfigError(f"--peak_tflops must be > 0 or left unset, got {self.peak_tflops}")
         if self.report_to not in REPORT_TO_CHOICES:

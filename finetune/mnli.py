@@ -34,6 +34,7 @@ from finetune.evaluation import evaluate_splits, load_metric, predict
 from finetune.kernels import use_packed_dropout
 from finetune.loop import Run, model_flops_utilization, train
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
+from finetune.padding_free import resolve_padding_free, use_padding_free
 from finetune.report import CURVES_FILE, hardware, plot_training_curves, push_to_hub, write_model_card
 from finetune.runtime import (
     StopSignals,
@@ -104,6 +105,9 @@ def setup(config: TrainConfig) -> Run:
         config.dropout_kernel = "packed" if accelerator.device.type == "cpu" else "torch"
     if config.dropout_kernel == "packed":
         use_packed_dropout(model)
+    config.padding_free = resolve_padding_free(config, model, accelerator.device.type)  # "true"/"false"
+    if config.padding_free == "true":
+        use_padding_free(model)
     tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
     loaders = build_dataloaders(tokenized, tokenizer, config, world_size, accelerator.device.type == "cuda")
     plan = plan_steps(  # no training: a plan of zero updates

@@ -97,6 +97,7 @@ def test_unparsable_yaml_names_the_file(tmp_path):
         ("report_to", "comet", "--report_to"),
         ("mixed_precision", "fp8", "--mixed_precision"),
         ("dropout_kernel", "fast", "--dropout_kernel"),
+        ("padding_free", "yes", "--padding_free"),
         ("peak_tflops", 0.0, "--peak_tflops"),
         ("train_file", "data.parquet", "--train_file"),
     ],

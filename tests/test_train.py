@@ -76,6 +76,7 @@ def test_train_config_json_is_the_resolved_configuration(trained):
     config = json.loads((output_dir / "train_config.json").read_text())
     assert config["num_train_epochs"] == 3 and config["per_device_train_batch_size"] == 16
     assert config["world_size"] == 1 and config["mixed_precision"] == "no"
+    assert config["dropout_kernel"] == "packed" and config["padding_free"] == "true"  # auto, on CPU
     assert config["plan"]["total_updates"] == 114
 
 
