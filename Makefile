@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 # Extra flags for `make train`, e.g. make train ARGS="--per_device_train_batch_size 16"
 ARGS ?=
 
-.PHONY: install demo train test bench lint format clean
+.PHONY: install demo train test bench bench-steps lint format clean
 
 install: $(VENV)/.installed
 
@@ -31,6 +31,10 @@ test: install
 # This toolkit vs HF Trainer (defaults and tuned) vs a bare Accelerate loop; ~10 minutes on 2 cores.
 bench: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.bench $(ARGS)
+
+# One kernel choice A/B per training step (padding-free layers, packed dropout); ~4 minutes.
+bench-steps: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.bench_steps $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,0 +1,103 @@
+"""`make bench-steps`: what one CPU kernel choice is worth per training step, A/B in one process.
+
+Whole runs drift by 5-15% from one to the next on a shared 2-core VM, more than a kernel change
+worth 6%. Here two MiniLM models (same weights, the toolkit's precision) train on the same
+length-grouped batches, stepping in turn, the first of the pair alternating every step, so the
+drift hits both alike:
+
+  padding_free  the toolkit's default (packed dropout, padding-free layers) against --padding_free false
+  dropout       the toolkit's default against --dropout_kernel torch
+
+    python -m finetune.bench_steps [--compare padding_free] [--batches 62] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+from finetune.bench import SHARED_MNLI, _model_dir, _tokenized
+from finetune.data import LengthGroupedSampler
+from finetune.kernels import use_packed_dropout
+from finetune.padding_free import use_padding_free
+from finetune.runtime import resolve_mixed_precision
+
+# name -> (packed dropout, padding-free) of the toolkit's default and of the other side
+COMPARISONS = {
+    "padding_free": ((True, True), (True, False)),
+    "dropout": ((True, True), (False, True)),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", choices=list(COMPARISONS), default="padding_free")
+    parser.add_argument("--data_dir", default=str(SHARED_MNLI))
+    parser.add_argument(
+        "--batches", type=int, default=62, help="training batches, each stepped --repeats times"
+    )
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=42)
+    args = parser.parse_args()
+    args.train_samples, args.eval_samples = args.batches * args.batch_size, 1
+    tokenizer = AutoTokenizer.from_pretrained(_model_dir())
+    train = _tokenized(args, tokenizer)["train"].rename_column("label", "labels")
+    lengths = [len(ids) for ids in train["input_ids"]]
+    order = list(LengthGroupedSampler(lengths, args.batch_size, seed=args.seed))
+    collate = DataCollatorWithPadding(tokenizer)
+    batches = [
+        collate([train[i] for i in order[s : s + args.batch_size]])
+        for s in range(0, len(order), args.batch_size)
+    ]
+    bf16 = resolve_mixed_precision("auto") == "bf16"
+    sides = [_Side(*choice, args.seed, bf16) for choice in COMPARISONS[args.compare]]
+    for side in sides:  # untimed: the first step allocates what later steps reuse
+        side.step(batches[0])
+    seconds = [0.0, 0.0]
+    for repeat in range(args.repeats):
+        for index, batch in enumerate(batches):
+            for side in (0, 1) if (repeat * len(batches) + index) % 2 == 0 else (1, 0):
+                seconds[side] += sides[side].step(batch)
+    steps = args.repeats * len(batches)
+    padded = sum(b["input_ids"].numel() for b in batches) / sum(
+        int(b["attention_mask"].sum()) for b in batches
+    )
+    default, other = (1000 * s / steps for s in seconds)
+    print(
+        f"{args.compare}: {steps} steps each, batch {args.batch_size}, padded/real tokens {padded:.2f}, "
+        f"{'bf16' if bf16 else 'fp32'}: default {default:.0f} ms/step, other {other:.0f} ms/step, "
+        f"speed-up {other / default:.3f}x"
+    )
+
+
+class _Side:
+    def __init__(self, packed_dropout: bool, padding_free: bool, seed: int, bf16: bool):
+        torch.manual_seed(seed)
+        self.model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
+        if packed_dropout:
+            use_packed_dropout(self.model)
+        if padding_free:
+            use_padding_free(self.model)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
+        self.bf16 = bf16
+
+    def step(self, batch: dict) -> float:
+        started = time.perf_counter()
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            logits = self.model(**inputs).logits
+        F.cross_entropy(logits.float(), batch["labels"]).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - started
+
+
+if __name__ == "__main__":
+    main()
