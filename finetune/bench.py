@@ -244,20 +244,21 @@ def measure_peak(dtype, device: str = "cpu", seconds: float = 3.0) -> float:
     import torch
 
     size = 8192 if device == "cuda" else 2048
-    torch.backends.cuda.matmul.allow_tf32 = True
+    # Launches on a GPU are asynchronous: wait after each product, or the clock times the queue.
+    wait = torch.cuda.synchronize if device == "cuda" else lambda: None
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
     a = torch.randn(size, size, dtype=dtype, device=device)
     b = torch.randn(size, size, dtype=dtype, device=device)
     started = time.perf_counter()
     while time.perf_counter() - started < 1.0:  # warm-up: a GPU's clocks ramp from idle
         a @ b
-        if device == "cuda":
-            torch.cuda.synchronize()
+        wait()
     count, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         a @ b
+        wait()
         count += 1
-        if device == "cuda":  # launches are asynchronous: wait, or the clock times the queue
-            torch.cuda.synchronize()
     return 2 * size**3 * count / (time.perf_counter() - started)
 
 
