@@ -23,7 +23,7 @@ wall time (medians over rounds), validation accuracy (mean and standard deviatio
 the ratios. Then the cost of data preparation (time, peak RSS) for the rows and for 10x the rows.
 
     python -m finetune.bench [--train_samples 2000] [--num_train_epochs 1] [--repeats 1]
-                             [--extra_runs torch_dropout,compiled]
+                             [--runs toolkit,trainer_tuned] [--extra_runs torch_dropout,compiled]
 """
 
 from __future__ import annotations
@@ -68,16 +68,24 @@ def main() -> None:
     )
     parser.add_argument("--output_dir", default="outputs/bench", help="where bench.json and bench.png go")
     parser.add_argument(
+        "--runs",
+        default=",".join(RUNS),
+        help="comma-separated runs to compare, e.g. toolkit,trainer_tuned for more rounds of one ratio",
+    )
+    parser.add_argument(
         "--extra_runs", default="", help=f"comma-separated ablations to add: {', '.join(EXTRA_RUNS)}"
     )
     parser.add_argument("--child", choices=(*RUNS, *EXTRA_RUNS, "prep"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--rows_multiplier", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    runs = [name for name in args.runs.split(",") if name]
+    if not runs or set(runs) - set(RUNS):
+        parser.error(f"--runs takes some of {', '.join(RUNS)}, got {args.runs!r}")
     extra = [name for name in args.extra_runs.split(",") if name]
     if set(extra) - set(EXTRA_RUNS):
         parser.error(f"--extra_runs takes {', '.join(EXTRA_RUNS)}, got {args.extra_runs!r}")
-    args.runs = (*RUNS, *extra)
+    args.runs = (*[name for name in RUNS if name in runs], *extra)
     args.model_name_or_path = args.model_name_or_path or _packaged_minilm()
     if args.child:
         started = time.perf_counter()
@@ -162,7 +170,7 @@ def summarize(results: list[dict], seconds_per_token_at_peak: float) -> dict:
 
 
 def print_table(table: dict, args) -> None:
-    base, tuned = table["trainer"], table["trainer_tuned"]
+    base, tuned = table.get("trainer"), table.get("trainer_tuned")
     print(
         f"\n{_model_name(args)} on {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
         f"batch {args.batch_size}, lr {args.learning_rate}, eval on {args.eval_samples} "
@@ -174,16 +182,24 @@ def print_table(table: dict, args) -> None:
     )
     print(header)
     for name, r in table.items():
-        print(
-            f"{name:<14}{r['train_samples_per_second']:>10.1f}{r['train_tokens_per_second']:>10.0f}"
-            f"{r['mfu']:>7.1%}{r['peak_rss_mb']:>8.0f}{r['accuracy']:>7.3f}{r['accuracy_sd']:>7.3f}"
-            f"{r['wall_s']:>8.1f}"
-            f"{r['train_samples_per_second'] / base['train_samples_per_second']:>10.2f}"
-            f"{r['train_samples_per_second'] / tuned['train_samples_per_second']:>9.2f}"
-            f"{base['wall_s'] / r['wall_s']:>10.2f}{tuned['wall_s'] / r['wall_s']:>10.2f}"
+        speed, wall = r["train_samples_per_second"], r["wall_s"]
+        ratios = (  # "-" where that run was left out with --runs
+            f"{_ratio(speed, base and base['train_samples_per_second']):>10}"
+            f"{_ratio(speed, tuned and tuned['train_samples_per_second']):>9}"
+            f"{_ratio(base and base['wall_s'], wall):>10}{_ratio(tuned and tuned['wall_s'], wall):>10}"
         )
-    overhead = table["bare"]["train_samples_per_second"] / table["toolkit"]["train_samples_per_second"] - 1
-    print(f"\ntoolkit overhead vs the bare loop: {overhead:+.1%} (positive: the bare loop is faster)")
+        print(
+            f"{name:<14}{speed:>10.1f}{r['train_tokens_per_second']:>10.0f}{r['mfu']:>7.1%}"
+            f"{r['peak_rss_mb']:>8.0f}{r['accuracy']:>7.3f}{r['accuracy_sd']:>7.3f}{wall:>8.1f}{ratios}"
+        )
+    if "bare" in table and "toolkit" in table:
+        bare, toolkit = table["bare"], table["toolkit"]
+        overhead = bare["train_samples_per_second"] / toolkit["train_samples_per_second"] - 1
+        print(f"\ntoolkit overhead vs the bare loop: {overhead:+.1%} (positive: the bare loop is faster)")
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> str:
+    return "-" if numerator is None or denominator is None else f"{numerator / denominator:.2f}"
 
 
 LABELS = {
@@ -198,8 +214,8 @@ LABELS = {
 
 
 def draw_chart(table: dict, args, png: Path) -> None:
-    """Bar panels: training samples/s and whole-run wall time with ratios to Trainer defaults, and
-    validation accuracy (mean and standard deviation over the rounds' seeds)."""
+    """Bar panels: training samples/s and whole-run wall time with ratios to Trainer defaults (to
+    Trainer tuned if --runs left it out), and validation accuracy (mean and sd over the rounds' seeds)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,7 +224,8 @@ def draw_chart(table: dict, args, png: Path) -> None:
     names = list(table)
     labels = [LABELS[n] for n in names]
     colors = ["tab:blue" if n == "toolkit" else "tab:gray" for n in names]
-    base = table["trainer"]
+    base_name = next(n for n in ("trainer", "trainer_tuned", *names) if n in table)
+    base = table[base_name]
     figure, (speed, wall, accuracy) = plt.subplots(1, 3, figsize=(15, 3.6), dpi=100, sharey=True)
     panels = (
         (speed, "train_samples_per_second", "training samples/s (higher is better)", True),
@@ -230,7 +247,7 @@ def draw_chart(table: dict, args, png: Path) -> None:
     figure.suptitle(
         f"{_model_name(args)}, {args.train_samples} MNLI rows x {args.num_train_epochs} epoch(s), "
         f"batch {args.batch_size}, {args.repeats} round(s) from seed {args.seed}, finetune in "
-        f"{args.precision}; ratios against Trainer defaults",
+        f"{args.precision}; ratios against {LABELS[base_name]}",
         fontsize="medium",
     )
     figure.tight_layout()
