@@ -5,8 +5,10 @@ worth 6%. Here two MiniLM models (same weights, the toolkit's precision) train o
 length-grouped batches, stepping in turn, the first of the pair alternating every step, so the
 drift hits both alike:
 
-  padding_free  the toolkit's default (packed dropout, padding-free layers) against --padding_free false
-  dropout       the toolkit's default against --dropout_kernel torch
+  padding_free   the toolkit's default (packed dropout, padding-free layers) against --padding_free false
+  dropout        the toolkit's default against --dropout_kernel torch
+  trainer_tuned  the toolkit's default against Trainer tuned's step: torch dropout, padded layers, and
+                 its own group_by_length batches (same rows, same count)
 
     python -m finetune.bench_steps [--compare padding_free] [--batches 62] [--repeats 2]
 """
@@ -19,6 +21,7 @@ import time
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+from transformers.trainer_pt_utils import LengthGroupedSampler as TrainerLengthGroupedSampler
 
 from finetune.bench import SHARED_MNLI, _packaged_minilm, _tokenized
 from finetune.data import LengthGroupedSampler
@@ -26,10 +29,11 @@ from finetune.kernels import use_packed_dropout
 from finetune.padding_free import use_padding_free
 from finetune.runtime import resolve_mixed_precision
 
-# name -> (packed dropout, padding-free) of the toolkit's default and of the other side
+# name -> (packed dropout, padding-free, HF Trainer's batches) of the toolkit's default and the other side
 COMPARISONS = {
-    "padding_free": ((True, True), (True, False)),
-    "dropout": ((True, True), (False, True)),
+    "padding_free": ((True, True, False), (True, False, False)),
+    "dropout": ((True, True, False), (False, True, False)),
+    "trainer_tuned": ((True, True, False), (False, False, True)),
 }
 
 
@@ -48,30 +52,40 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(_packaged_minilm())
     train = _tokenized(args, tokenizer)["train"].rename_column("label", "labels")
     lengths = [len(ids) for ids in train["input_ids"]]
-    order = list(LengthGroupedSampler(lengths, args.batch_size, seed=args.seed))
     collate = DataCollatorWithPadding(tokenizer)
-    batches = [
-        collate([train[i] for i in order[s : s + args.batch_size]])
-        for s in range(0, len(order), args.batch_size)
-    ]
+
+    def batches_of(trainer_order: bool) -> list[dict]:
+        if trainer_order:
+            generator = torch.Generator().manual_seed(args.seed)
+            order = list(TrainerLengthGroupedSampler(args.batch_size, lengths=lengths, generator=generator))
+        else:
+            order = list(LengthGroupedSampler(lengths, args.batch_size, seed=args.seed))
+        return [
+            collate([train[i] for i in order[s : s + args.batch_size]])
+            for s in range(0, len(order), args.batch_size)
+        ]
+
     bf16 = resolve_mixed_precision("auto") == "bf16"
-    sides = [_Side(*choice, args.seed, bf16) for choice in COMPARISONS[args.compare]]
-    for side in sides:  # untimed: the first step allocates what later steps reuse
-        side.step(batches[0])
+    sides = [_Side(dropout, free, args.seed, bf16) for dropout, free, _ in COMPARISONS[args.compare]]
+    batches = [batches_of(trainer_order) for _, _, trainer_order in COMPARISONS[args.compare]]
+    # Untimed: the first step allocates what later steps reuse.
+    for side, own in zip(sides, batches, strict=True):
+        side.step(own[0])
     seconds = [0.0, 0.0]
     for repeat in range(args.repeats):
-        for index, batch in enumerate(batches):
-            for side in (0, 1) if (repeat * len(batches) + index) % 2 == 0 else (1, 0):
-                seconds[side] += sides[side].step(batch)
-    steps = args.repeats * len(batches)
-    padded = sum(b["input_ids"].numel() for b in batches) / sum(
-        int(b["attention_mask"].sum()) for b in batches
-    )
+        for index in range(len(batches[0])):
+            for side in (0, 1) if (repeat * len(batches[0]) + index) % 2 == 0 else (1, 0):
+                seconds[side] += sides[side].step(batches[side][index])
+    steps = args.repeats * len(batches[0])
+    padded = [
+        sum(b["input_ids"].numel() for b in own) / sum(int(b["attention_mask"].sum()) for b in own)
+        for own in batches
+    ]
     default, other = (1000 * s / steps for s in seconds)
     print(
-        f"{args.compare}: {steps} steps each, batch {args.batch_size}, padded/real tokens {padded:.2f}, "
-        f"{'bf16' if bf16 else 'fp32'}: default {default:.0f} ms/step, other {other:.0f} ms/step, "
-        f"speed-up {other / default:.3f}x"
+        f"{args.compare}: {steps} steps each, batch {args.batch_size}, padded/real tokens {padded[0]:.2f} "
+        f"and {padded[1]:.2f}, {'bf16' if bf16 else 'fp32'}: default {default:.0f} ms/step, other "
+        f"{other:.0f} ms/step, speed-up {other / default:.3f}x"
     )
 
 
