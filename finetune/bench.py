@@ -1,6 +1,7 @@
 """`make bench`: this toolkit against HF Trainer on the same work, side by side, in one invocation.
 
-Every run is its own process (so peak RSS is its own), the runs alternate, and all share the model,
+Every run is its own process (so peak RSS is its own), the runs alternate (every other round in
+reverse order, so a slow drift of the machine favours no run), and all share the model,
 rows, epochs, batch size, learning rate and seed (round k of --repeats uses seed + k - 1 for every
 run, so the rounds also show how accuracy varies with the seed):
 
@@ -115,7 +116,7 @@ def run_benchmark(args) -> None:
     )
     rounds = {name: [] for name in args.runs}
     for round_index in range(args.repeats):
-        for name in args.runs:
+        for name in args.runs if round_index % 2 == 0 else args.runs[::-1]:
             result = child(name, args, seed=args.seed + round_index)
             print(
                 f"round {round_index + 1} {name}: {result['train_samples_per_second']:.1f} samples/s, "
@@ -126,6 +127,7 @@ def run_benchmark(args) -> None:
     flops_per_token = 6 * _non_embedding_parameters(args)  # the same model in every run
     table = {name: summarize(results, flops_per_token / peak) for name, results in rounds.items()}
     print_table(table, args)
+    print_paired_ratios(rounds)
     prep = {k: child("prep", args, rows_multiplier=k) for k in (1, 10)}
     print("\ndata preparation (load + tokenize, fresh cache):")
     for k, r in prep.items():
@@ -196,6 +198,25 @@ def print_table(table: dict, args) -> None:
         bare, toolkit = table["bare"], table["toolkit"]
         overhead = bare["train_samples_per_second"] / toolkit["train_samples_per_second"] - 1
         print(f"\ntoolkit overhead vs the bare loop: {overhead:+.1%} (positive: the bare loop is faster)")
+
+
+def print_paired_ratios(rounds: dict) -> None:
+    """Each round's toolkit against the same round's Trainer runs, which ran next to it: on a shared
+    VM whose speed swings by 15% over minutes, these ratios vary less than the runs themselves."""
+    if "toolkit" not in rounds or len(rounds["toolkit"]) < 2:
+        return
+    print("\npaired ratios of the toolkit, round by round (median [min, max]):")
+    for name in ("trainer", "trainer_tuned", "bare"):
+        if name not in rounds:
+            continue
+        pairs = list(zip(rounds["toolkit"], rounds[name]))
+        speed = [t["train_samples_per_second"] / r["train_samples_per_second"] for t, r in pairs]
+        wall = [r["wall_s"] / t["wall_s"] for t, r in pairs]
+        print(f"  vs {name:<14} samples/s {_spread(speed)}   wall {_spread(wall)}")
+
+
+def _spread(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]"
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> str:
