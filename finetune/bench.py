@@ -209,7 +209,7 @@ def print_paired_ratios(rounds: dict) -> None:
     for name in ("trainer", "trainer_tuned", "bare"):
         if name not in rounds:
             continue
-        pairs = list(zip(rounds["toolkit"], rounds[name]))
+        pairs = list(zip(rounds["toolkit"], rounds[name], strict=True))
         speed = [t["train_samples_per_second"] / r["train_samples_per_second"] for t, r in pairs]
         wall = [r["wall_s"] / t["wall_s"] for t, r in pairs]
         print(f"  vs {name:<14} samples/s {_spread(speed)}   wall {_spread(wall)}")
