@@ -47,8 +47,9 @@ TOOLKIT_VARIANTS = {
     "torch_dropout": ["--dropout_kernel", "torch"],
     "padded": ["--padding_free", "false"],
     "compiled": ["--torch_compile"],
+    "malloc_default": ["--keep_freed_memory", "false"],
 }
-EXTRA_RUNS = ("torch_dropout", "padded", "compiled")
+EXTRA_RUNS = ("torch_dropout", "padded", "compiled", "malloc_default")
 
 
 def main() -> None:
@@ -232,6 +233,7 @@ LABELS = {
     "torch_dropout": "finetune, torch dropout",
     "padded": "finetune, padded layers",
     "compiled": "finetune, torch.compile",
+    "malloc_default": "finetune, glibc malloc defaults",
 }
 
 
@@ -439,7 +441,7 @@ def run_bare(args) -> dict:
     from finetune.kernels import use_packed_dropout
     from finetune.modeling import build_optimizer
     from finetune.padding_free import use_padding_free
-    from finetune.runtime import resolve_mixed_precision
+    from finetune.runtime import keep_freed_memory, resolve_mixed_precision
 
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(), mixed_precision=resolve_mixed_precision("auto")
@@ -453,6 +455,7 @@ def run_bare(args) -> dict:
     else:
         use_packed_dropout(model)
         use_padding_free(model)
+        keep_freed_memory()
     data = _tokenized(args, tokenizer)
     train, validation = (data[k].rename_column("label", "labels") for k in ("train", "validation"))
     lengths = [len(ids) for ids in train["input_ids"]]
@@ -519,6 +522,7 @@ CHILDREN = {
     "toolkit": run_toolkit,
     "torch_dropout": lambda args: run_toolkit(args, "torch_dropout"),
     "padded": lambda args: run_toolkit(args, "padded"),
+    "malloc_default": lambda args: run_toolkit(args, "malloc_default"),
     "compiled": lambda args: run_toolkit(args, "compiled"),
     "trainer": lambda args: _run_trainer(args, tuned=False),
     "trainer_tuned": lambda args: _run_trainer(args, tuned=True),

@@ -7,10 +7,13 @@ drift hits both alike:
 
   padding_free   the toolkit's default (packed dropout, padding-free layers) against --padding_free false
   dropout        the toolkit's default against --dropout_kernel torch
-  trainer_tuned  the toolkit's default against Trainer tuned's step: torch dropout, padded layers, and
-                 its own group_by_length batches (same rows, same count)
+  malloc         the toolkit's default against glibc's own malloc settings (freed memory handed back)
+  trainer_tuned  the toolkit's default against Trainer tuned's step: torch dropout, padded layers,
+                 its own group_by_length batches (same rows, same count), glibc's malloc settings
 
     python -m finetune.bench_steps [--compare padding_free] [--batches 62] [--repeats 2]
+
+glibc's malloc settings are process-wide, so each side sets its own before every step.
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ from finetune.bench import SHARED_MNLI, _packaged_minilm, _tokenized
 from finetune.data import LengthGroupedSampler
 from finetune.kernels import use_packed_dropout
 from finetune.padding_free import use_padding_free
-from finetune.runtime import resolve_mixed_precision
+from finetune.runtime import keep_freed_memory, resolve_mixed_precision
 
-# name -> (packed dropout, padding-free, HF Trainer's batches) of the toolkit's default and the other side
+# name -> (packed dropout, padding-free, keep freed memory, HF Trainer's batches) of the toolkit's
+# default and the other side
 COMPARISONS = {
-    "padding_free": ((True, True, False), (True, False, False)),
-    "dropout": ((True, True, False), (False, True, False)),
-    "trainer_tuned": ((True, True, False), (False, False, True)),
+    "padding_free": ((True, True, True, False), (True, False, True, False)),
+    "dropout": ((True, True, True, False), (False, True, True, False)),
+    "malloc": ((True, True, True, False), (True, True, False, False)),
+    "trainer_tuned": ((True, True, True, False), (False, False, False, True)),
 }
 
 
@@ -66,8 +71,10 @@ def main() -> None:
         ]
 
     bf16 = resolve_mixed_precision("auto") == "bf16"
-    sides = [_Side(dropout, free, args.seed, bf16) for dropout, free, _ in COMPARISONS[args.compare]]
-    orders = [trainer_order for _, _, trainer_order in COMPARISONS[args.compare]]
+    sides = [
+        _Side(dropout, free, keep, args.seed, bf16) for dropout, free, keep, _ in COMPARISONS[args.compare]
+    ]
+    orders = [trainer_order for *_, trainer_order in COMPARISONS[args.compare]]
     built = {order: batches_of(order) for order in set(orders)}  # one list when both sides share it
     batches = [built[order] for order in orders]
     # Untimed: the first step allocates what later steps reuse.
@@ -92,7 +99,7 @@ def main() -> None:
 
 
 class _Side:
-    def __init__(self, packed_dropout: bool, padding_free: bool, seed: int, bf16: bool):
+    def __init__(self, packed_dropout: bool, padding_free: bool, keep_freed: bool, seed: int, bf16: bool):
         torch.manual_seed(seed)
         self.model = AutoModelForSequenceClassification.from_pretrained(_packaged_minilm(), num_labels=3)
         if packed_dropout:
@@ -101,9 +108,10 @@ class _Side:
             use_padding_free(self.model)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
-        self.bf16 = bf16
+        self.bf16, self.keep_freed = bf16, keep_freed
 
     def step(self, batch: dict) -> float:
+        keep_freed_memory(self.keep_freed)
         started = time.perf_counter()
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):

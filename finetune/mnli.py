@@ -42,6 +42,7 @@ from finetune.runtime import (
     TrainingInterrupted,
     build_accelerator,
     describe_runtime,
+    keep_freed_memory,
     replicas_identical,
     run_summary,
 )
@@ -108,6 +109,8 @@ def setup(config: TrainConfig) -> Run:
     config.padding_free = resolve_padding_free(config, model, accelerator.device.type)  # "true"/"false"
     if config.padding_free == "true":
         use_padding_free(model)
+    if config.keep_freed_memory and accelerator.device.type == "cpu":
+        keep_freed_memory()
     tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
     loaders = build_dataloaders(tokenized, tokenizer, config, world_size, accelerator.device.type == "cuda")
     plan = plan_steps(  # no training: a plan of zero updates

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import signal
@@ -40,6 +41,29 @@ def resolve_mixed_precision(requested: str) -> str:
     if launcher != "no":
         return launcher
     return "bf16" if bf16_is_fast() else "no"
+
+
+# glibc's mallopt parameters (malloc.h) and the defaults it starts with.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -3, -4
+_GLIBC_DEFAULTS = {_M_TRIM_THRESHOLD: 128 * 1024, _M_MMAP_THRESHOLD: 32 * 1024 * 1024, _M_MMAP_MAX: 65536}
+
+
+def keep_freed_memory(keep: bool = True) -> bool:
+    """Have glibc keep freed memory for the next allocation instead of handing it back to the kernel.
+
+    Each training step allocates the word embeddings' dense gradient afresh (vocab x hidden: 47 MB
+    for MiniLM). glibc serves blocks over 32 MB with mmap and unmaps them when freed, so every step
+    the kernel maps and zero-fills ~11,500 pages again: 14 ms per step on a 2-core EPYC, against
+    1.4 ms when the block is reused. What it costs: memory freed after the peak stays with the
+    process. `keep=False` puts glibc's steady-state settings back. False where libc is not glibc.
+    """
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    kept = {_M_MMAP_MAX: 0, _M_TRIM_THRESHOLD: 2**31 - 1}  # the largest C int mallopt takes
+    wanted = kept if keep else _GLIBC_DEFAULTS
+    return all(mallopt(option, value) == 1 for option, value in wanted.items())
 
 
 def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:

@@ -1,0 +1,24 @@
+"""Runs finetune's setup, then prints how many page faults refilling a freed 64 MB block costs.
+
+Launched by tests/test_runtime.py in a process of its own: glibc's malloc settings are process-wide.
+One step's embedding gradient is such a block (47 MB for MiniLM), over glibc's 32 MB mmap threshold.
+"""
+
+import resource
+import sys
+
+import torch
+
+from finetune.config import parse_config
+from finetune.mnli import close, setup
+
+
+def faults_to_fill() -> int:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(64 * 2**20, dtype=torch.uint8)  # filled, then freed at once
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+close(setup(parse_config(sys.argv[1:])))
+faults_to_fill()
+print(faults_to_fill())
