@@ -10,6 +10,9 @@ drift hits both alike:
   malloc         the toolkit's default against glibc's own malloc settings (freed memory handed back)
   trainer_tuned  the toolkit's default against Trainer tuned's step: torch dropout, padded layers,
                  its own group_by_length batches (same rows, same count), glibc's malloc settings
+  loop           the toolkit's whole training loop (`finetune.loop.train`) against the bare
+                 Accelerate loop of `make bench`, on one model, optimizer and loader: each side runs
+                 --batches steps in turn, --repeats rounds, both on the same epoch's batches in a round
 
     python -m finetune.bench_steps [--compare padding_free] [--batches 62] [--repeats 2]
 
@@ -19,7 +22,9 @@ glibc's malloc settings are process-wide, so each side sets its own before every
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +49,7 @@ COMPARISONS = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--compare", choices=list(COMPARISONS), default="padding_free")
+    parser.add_argument("--compare", choices=[*COMPARISONS, "loop"], default="padding_free")
     parser.add_argument("--data_dir", default=str(SHARED_MNLI))
     parser.add_argument(
         "--batches", type=int, default=62, help="training batches, each stepped --repeats times"
@@ -53,6 +58,9 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
+    if args.compare == "loop":
+        compare_loop(args)
+        return
     args.train_samples, args.eval_samples = args.batches * args.batch_size, 1
     tokenizer = AutoTokenizer.from_pretrained(_packaged_minilm())
     train = _tokenized(args, tokenizer)["train"].rename_column("label", "labels")
@@ -95,6 +103,70 @@ def main() -> None:
         f"{args.compare}: {steps} steps each, batch {args.batch_size}, padded/real tokens {padded[0]:.2f} "
         f"and {padded[1]:.2f}, {'bf16' if bf16 else 'fp32'}: default {default:.0f} ms/step, other "
         f"{other:.0f} ms/step, speed-up {other / default:.3f}x"
+    )
+
+
+def compare_loop(args) -> None:
+    """finetune's loop against the bare one: what the toolkit's machinery (accumulate, the meter,
+    the NaN guard, the stop check, the progress bar) costs per step, with no process-to-process drift."""
+    import dataclasses
+    import tempfile
+
+    from finetune.checkpoint import TrainState
+    from finetune.config import parse_config
+    from finetune.loop import train
+    from finetune.mnli import setup
+    from finetune.runtime import StopSignals
+
+    with tempfile.TemporaryDirectory() as out:
+        data = Path(args.data_dir)
+        run = setup(parse_config([
+            "--model_name_or_path", _packaged_minilm(), "--train_file", str(data / "train.jsonl"),
+            "--validation_file", str(data / "validation_matched.jsonl"), "--output_dir", out,
+            "--report_to", "none", "--max_eval_samples", "64", "--seed", str(args.seed),
+            "--per_device_train_batch_size", str(args.batch_size), "--max_train_steps", str(args.batches),
+            "--logging_steps", "1000",
+        ]))  # fmt: skip
+
+        def toolkit(epoch: int) -> float:
+            # A fresh run state at `epoch`: train() steps that epoch's first --batches batches,
+            # then evaluates 64 rows, which it leaves out of the seconds it returns.
+            run.state = TrainState(epoch=epoch)
+            run.plan = dataclasses.replace(run.plan, num_epochs=epoch + 1)
+            stop = StopSignals()
+            try:
+                return train(run, stop)[1]
+            finally:
+                stop.restore()
+
+        def bare(epoch: int) -> float:
+            accelerator, model, optimizer = run.accelerator, run.model, run.optimizer
+            run.train_loader.set_epoch(epoch)
+            model.train()
+            started = time.perf_counter()
+            for _, batch in zip(range(args.batches), run.train_loader, strict=False):
+                labels = batch.pop("labels")
+                accelerator.backward(F.cross_entropy(model(**batch).logits.float(), labels))
+                accelerator.clip_grad_norm_(model.parameters(), 1.0)
+                optimizer.step()
+                run.scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+            return time.perf_counter() - started
+
+        bare(0)  # untimed: the first steps allocate what later steps reuse
+        seconds = {"finetune": [], "bare": []}
+        sides = {"finetune": toolkit, "bare": bare}
+        for epoch in range(1, args.repeats + 1):
+            for name in list(sides) if epoch % 2 else list(sides)[::-1]:
+                seconds[name].append(sides[name](epoch))
+        run.accelerator.end_training()
+    overhead = [t / b - 1 for t, b in zip(seconds["finetune"], seconds["bare"], strict=True)]
+    toolkit_ms, bare_ms = (1000 * sum(s) / (args.batches * args.repeats) for s in seconds.values())
+    print(
+        f"loop: {args.repeats} rounds of {args.batches} steps each, batch {args.batch_size}: "
+        f"finetune {toolkit_ms:.0f} ms/step, bare loop {bare_ms:.0f} ms/step, overhead "
+        f"{toolkit_ms / bare_ms - 1:+.1%} (rounds: median {statistics.median(overhead):+.1%}, "
+        f"{min(overhead):+.1%} to {max(overhead):+.1%})"
     )
 
 

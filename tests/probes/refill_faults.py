@@ -1,7 +1,10 @@
-"""Runs finetune's setup, then prints how many page faults refilling a freed 64 MB block costs.
+"""Runs finetune's setup, then prints the fewest page faults that refilling a freed 64 MB block costs.
 
 Launched by tests/test_runtime.py in a process of its own: glibc's malloc settings are process-wide.
 One step's embedding gradient is such a block (47 MB for MiniLM), over glibc's 32 MB mmap threshold.
+The fewest of several refills: a library thread that takes heap memory in between can push one
+refill into fresh pages (CI once counted all 16,384 pages on the first refill), and the steady
+state of a training run is what the setting is for.
 """
 
 import resource
@@ -21,4 +24,4 @@ def faults_to_fill() -> int:
 
 close(setup(parse_config(sys.argv[1:])))
 faults_to_fill()
-print(faults_to_fill())
+print(min(faults_to_fill() for _ in range(5)))
