@@ -428,7 +428,6 @@ def _run_trainer(args, tuned: bool) -> dict:
 def run_bare(args) -> dict:
     """The toolkit's settings with none of its machinery: the floor for its overhead."""
     import torch
-    import torch.nn.functional as F
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
     from transformers import (
@@ -474,13 +473,7 @@ def run_bare(args) -> dict:
     for epoch in range(args.num_train_epochs):
         sampler.set_epoch(epoch)
         for batch in loader:
-            loss = F.cross_entropy(model(**{k: v for k, v in batch.items() if k != "labels"}).logits.float(),
-                                   batch["labels"])  # fmt: skip
-            accelerator.backward(loss)
-            accelerator.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            bare_step(accelerator, model, optimizer, scheduler, batch)
             tokens += int(batch["attention_mask"].sum())
     runtime = time.perf_counter() - started
     model.eval()
@@ -495,6 +488,19 @@ def run_bare(args) -> dict:
         "accuracy": correct / len(validation),
         "eval_s": time.perf_counter() - eval_started,
     }
+
+
+def bare_step(accelerator, model, optimizer, scheduler, batch: dict) -> None:
+    """One update of the bare loop (also `make bench-steps ARGS="--compare loop"`): the work every
+    training step must do, and nothing more."""
+    import torch.nn.functional as F
+
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    accelerator.backward(F.cross_entropy(model(**inputs).logits.float(), batch["labels"]))
+    accelerator.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def run_prep(args) -> dict:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 from transformers.trainer_pt_utils import LengthGroupedSampler as TrainerLengthGroupedSampler
 
-from finetune.bench import SHARED_MNLI, _packaged_minilm, _tokenized
+from finetune.bench import SHARED_MNLI, _packaged_minilm, _tokenized, bare_step
 from finetune.data import LengthGroupedSampler
 from finetune.kernels import use_packed_dropout
 from finetune.padding_free import use_padding_free
@@ -140,17 +140,11 @@ def compare_loop(args) -> None:
                 stop.restore()
 
         def bare(epoch: int) -> float:
-            accelerator, model, optimizer = run.accelerator, run.model, run.optimizer
             run.train_loader.set_epoch(epoch)
-            model.train()
+            run.model.train()
             started = time.perf_counter()
             for _, batch in zip(range(args.batches), run.train_loader, strict=False):
-                labels = batch.pop("labels")
-                accelerator.backward(F.cross_entropy(model(**batch).logits.float(), labels))
-                accelerator.clip_grad_norm_(model.parameters(), 1.0)
-                optimizer.step()
-                run.scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                bare_step(run.accelerator, run.model, run.optimizer, run.scheduler, batch)
             return time.perf_counter() - started
 
         bare(0)  # untimed: the first steps allocate what later steps reuse
