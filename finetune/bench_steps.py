@@ -115,7 +115,7 @@ def compare_loop(args) -> None:
     from finetune.checkpoint import TrainState
     from finetune.config import parse_config
     from finetune.loop import train
-    from finetune.mnli import setup
+    from finetune.mnli import close, setup
     from finetune.runtime import StopSignals
 
     with tempfile.TemporaryDirectory() as out:
@@ -153,7 +153,7 @@ def compare_loop(args) -> None:
         for epoch in range(1, args.repeats + 1):
             for name in list(sides) if epoch % 2 else list(sides)[::-1]:
                 seconds[name].append(sides[name](epoch))
-        run.accelerator.end_training()
+        close(run)
     overhead = [t / b - 1 for t, b in zip(seconds["finetune"], seconds["bare"], strict=True)]
     toolkit_ms, bare_ms = (1000 * sum(s) / (args.batches * args.repeats) for s in seconds.values())
     print(
