@@ -8,6 +8,8 @@ drift hits both alike:
   padding_free   the toolkit's default (packed dropout, padding-free layers) against --padding_free false
   dropout        the toolkit's default against --dropout_kernel torch
   malloc         the toolkit's default against glibc's own malloc settings (freed memory handed back)
+  rows_multiple  the toolkit's default against padding-free layers on the bare count of real tokens
+                 (not rounded up to a multiple of 16)
   trainer_tuned  the toolkit's default against Trainer tuned's step: torch dropout, padded layers,
                  its own group_by_length batches (same rows, same count), glibc's malloc settings
   loop           the toolkit's whole training loop (`finetune.loop.train`) against the bare
@@ -25,6 +27,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,16 +37,25 @@ from transformers.trainer_pt_utils import LengthGroupedSampler as TrainerLengthG
 from finetune.bench import SHARED_MNLI, _packaged_minilm, _tokenized, bare_step
 from finetune.data import LengthGroupedSampler
 from finetune.kernels import use_packed_dropout
-from finetune.padding_free import use_padding_free
+from finetune.padding_free import ROWS_MULTIPLE, use_padding_free
 from finetune.runtime import keep_freed_memory, resolve_mixed_precision
 
-# name -> (packed dropout, padding-free, keep freed memory, HF Trainer's batches) of the toolkit's
-# default and the other side
+
+class Setup(NamedTuple):
+    packed_dropout: bool = True
+    padding_free: bool = True
+    keep_freed: bool = True
+    trainer_batches: bool = False
+    rows_multiple: int = ROWS_MULTIPLE
+
+
+# name -> the toolkit's default and the other side
 COMPARISONS = {
-    "padding_free": ((True, True, True, False), (True, False, True, False)),
-    "dropout": ((True, True, True, False), (False, True, True, False)),
-    "malloc": ((True, True, True, False), (True, True, False, False)),
-    "trainer_tuned": ((True, True, True, False), (False, False, False, True)),
+    "padding_free": (Setup(), Setup(padding_free=False)),
+    "dropout": (Setup(), Setup(packed_dropout=False)),
+    "malloc": (Setup(), Setup(keep_freed=False)),
+    "trainer_tuned": (Setup(), Setup(False, False, False, trainer_batches=True)),
+    "rows_multiple": (Setup(), Setup(rows_multiple=1)),
 }
 
 
@@ -79,10 +91,8 @@ def main() -> None:
         ]
 
     bf16 = resolve_mixed_precision("auto") == "bf16"
-    sides = [
-        _Side(dropout, free, keep, args.seed, bf16) for dropout, free, keep, _ in COMPARISONS[args.compare]
-    ]
-    orders = [trainer_order for *_, trainer_order in COMPARISONS[args.compare]]
+    sides = [_Side(setup, args.seed, bf16) for setup in COMPARISONS[args.compare]]
+    orders = [setup.trainer_batches for setup in COMPARISONS[args.compare]]
     built = {order: batches_of(order) for order in set(orders)}  # one list when both sides share it
     batches = [built[order] for order in orders]
     # Untimed: the first step allocates what later steps reuse.
@@ -165,16 +175,16 @@ def compare_loop(args) -> None:
 
 
 class _Side:
-    def __init__(self, packed_dropout: bool, padding_free: bool, keep_freed: bool, seed: int, bf16: bool):
+    def __init__(self, setup: Setup, seed: int, bf16: bool):
         torch.manual_seed(seed)
         self.model = AutoModelForSequenceClassification.from_pretrained(_packaged_minilm(), num_labels=3)
-        if packed_dropout:
+        if setup.packed_dropout:
             use_packed_dropout(self.model)
-        if padding_free:
-            use_padding_free(self.model)
+        if setup.padding_free:
+            use_padding_free(self.model, setup.rows_multiple)
         self.model.train()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
-        self.bf16, self.keep_freed = bf16, keep_freed
+        self.bf16, self.keep_freed = bf16, setup.keep_freed
 
     def step(self, batch: dict) -> float:
         keep_freed_memory(self.keep_freed)

@@ -64,18 +64,23 @@ def test_same_logits_and_gradients_as_the_padded_model(model_type, attention):
         assert torch.allclose(model.eval()(**batch).logits, reference.eval()(**batch).logits, atol=1e-5)
 
 
-def test_layers_see_only_real_tokens_and_a_batch_without_padding_runs_as_it_is():
-    model = tiny("bert")
-    use_padding_free(model)
-    rows_seen = []
-    feed_forward = model.bert.encoder.layer[0].intermediate.dense
-    feed_forward.register_forward_hook(lambda _, args, out: rows_seen.append(args[0].shape[:-1].numel()))
-    batch = padded_batch()
-    model(**batch)
-    full = {"input_ids": batch["input_ids"], "attention_mask": torch.ones_like(batch["attention_mask"])}
-    model(**full)
-    assert rows_seen == [int(batch["attention_mask"].sum()), 4 * 12]  # 5 + 12 + 9 + 2 real tokens
-    assert rows_seen[0] < 4 * 12
+def test_layers_see_real_tokens_rounded_up_to_a_multiple_and_a_full_batch_runs_as_it_is():
+    rows_seen = {}
+    for multiple in (1, 16, 50):
+        model = tiny("bert")
+        use_padding_free(model, rows_multiple=multiple)
+        seen = rows_seen[multiple] = []
+        feed_forward = model.bert.encoder.layer[0].intermediate.dense
+        feed_forward.register_forward_hook(
+            lambda _, args, out, seen=seen: seen.append(args[0].shape[:-1].numel())
+        )
+        batch = padded_batch()
+        model(**batch)
+        full = {"input_ids": batch["input_ids"], "attention_mask": torch.ones_like(batch["attention_mask"])}
+        model(**full)
+    assert int(padded_batch()["attention_mask"].sum()) == 28  # 5 + 12 + 9 + 2 real tokens of 4 x 12
+    # 50 rounds 28 up past the grid's 48 tokens: the batch runs padded, as it is.
+    assert rows_seen == {1: [28, 48], 16: [32, 48], 50: [48, 48]}
 
 
 def test_auto_is_on_for_cpu_encoders_only_and_true_refuses_other_models():
