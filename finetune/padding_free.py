@@ -39,7 +39,7 @@ WRAPPED_ATTENTION = {
 
 
 # bf16 matmuls over a count of rows that is a multiple of 16 ran ~20% faster than over the bare
-# count on an AVX512-BF16 CPU (a MiniLM feed-forward, forward and backward: 14.1 against 17.5 ms);
+# count on an AVX512-BF16 CPU (a MiniLM feed-forward, forward and backward: 14.1 against 17.2-18.1 ms);
 # fp32 ones did not care.
 ROWS_MULTIPLE = 16
 
@@ -91,8 +91,9 @@ def use_padding_free(model: nn.Module, rows_multiple: int = ROWS_MULTIPLE) -> No
 
 
 def _pack_real_tokens(encoder, args, kwargs, rows_multiple):
-    """[batch, length, width] hidden states -> [1, real tokens, width], and their places passed down
-    to attention as `padding_free`; a batch without padding runs as it is."""
+    """[batch, length, width] hidden states -> [1, real tokens rounded up to rows_multiple, width],
+    and their places passed down to attention as `padding_free`; a batch without padding (or with
+    too little to round up) runs as it is."""
     mask = kwargs.get("attention_mask")  # additive [batch, 1, length, length]: 0 where a key counts
     if not args or mask is None:
         return None
