@@ -54,7 +54,10 @@ COMPARISONS = {
     "padding_free": (Setup(), Setup(padding_free=False)),
     "dropout": (Setup(), Setup(packed_dropout=False)),
     "malloc": (Setup(), Setup(keep_freed=False)),
-    "trainer_tuned": (Setup(), Setup(False, False, False, trainer_batches=True)),
+    "trainer_tuned": (
+        Setup(),
+        Setup(packed_dropout=False, padding_free=False, keep_freed=False, trainer_batches=True),
+    ),
     "rows_multiple": (Setup(), Setup(rows_multiple=1)),
 }
 
