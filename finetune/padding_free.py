@@ -5,12 +5,12 @@ Length-grouped MNLI batches are still 1.12x their real tokens (mega-batches of 1
 batch's real tokens packed into one row; attention, which needs the batch x length shape, gets its
 queries, keys and values padded back (padded keys masked as before) and returns real tokens only.
 The pooler sees the usual padded shape again. Same weights, same function: logits and gradients
-equal the padded model's up to float rounding (tests check both). The price is a nonzero() per
-forward, which waits for a GPU, and a few index copies per layer; on a 2-core CPU a MiniLM step
-took 714 instead of 757 ms (fp32, `make bench-steps`). A few padding tokens join the real ones to
-round their count up to a multiple of 16, which bf16 matmuls run faster on. On an H100, where a
-BERT-base step at batch 32 is bound by launching kernels, not by arithmetic, it took 55 instead of
-32 ms: off there.
+equal the padded model's up to float rounding (tests check both). The price is a token count and two
+nonzero() per forward, which wait for a GPU, and a few index copies per layer; on a 2-core CPU a
+MiniLM step took 714 instead of 757 ms (fp32, `make bench-steps`). A few padding tokens join the
+real ones to round their count up to a multiple of 16, which bf16 matmuls run faster on. On an H100,
+where a BERT-base step at batch 32 is bound by launching kernels, not by arithmetic, it took 55
+instead of 32 ms: off there.
 """
 
 from __future__ import annotations
