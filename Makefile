@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 # Extra flags for `make train`, e.g. make train ARGS="--per_device_train_batch_size 16"
 ARGS ?=
 
-.PHONY: install demo train test bench bench-steps lint format clean
+.PHONY: install demo train test test-quick bench bench-steps lint format flags clean
 
 install: $(VENV)/.installed
 
@@ -28,13 +28,21 @@ train: install
 test: install
 	$(BIN)/python -m pytest
 
+# The in-process tests only (no subprocess, no 2-rank runs, no real MiniLM): the edit-test loop.
+test-quick: install
+	$(BIN)/python -m pytest -m "not slow and not multiprocess and not subprocess"
+
+# docs/flags.md from TrainConfig (a test fails when it is out of date).
+flags: install
+	$(BIN)/python -m finetune.flags > docs/flags.md
+
 # This toolkit vs HF Trainer (defaults and tuned) vs a bare Accelerate loop; ~10 minutes on 2 cores.
 bench: install
-	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.bench $(ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench $(ARGS)
 
 # One kernel choice A/B per training step (padding-free layers, packed dropout); ~4 minutes.
 bench-steps: install
-	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.bench_steps $(ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_steps $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from accelerate.utils import load as safe_load  # torch.load(weights_only=True) plus numpy's RNG types
+from safetensors import SafetensorError
 
 from finetune.config import ConfigError
 from finetune.runtime import TrainingFailed
@@ -98,6 +101,32 @@ def save_checkpoint(
     return final
 
 
+@contextlib.contextmanager
+def writing(what: str, output_dir: str | Path):
+    """A failed write into the output folder (full disk, read-only file) as one line that says what
+    was being written and what is safe. torch and safetensors report a full disk as RuntimeError."""
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as error:
+        previous = complete_checkpoints(output_dir)
+        kept = f" {previous[-1].name} is intact;" if previous else ""
+        raise TrainingFailed(
+            f"writing {what} in {output_dir} failed ({_reason(error)}); is the disk full or the file "
+            f"read-only?{kept} free space or fix the permissions, then rerun"
+            + (" with --resume_from_checkpoint auto" if previous else "")
+        ) from error
+
+
+def _reason(error: Exception) -> str:
+    """The OS's words: strerror, or what safetensors' Rust error quotes ("I/O error: File too large (os
+    error 27)")."""
+    if getattr(error, "strerror", None):
+        return error.strerror
+    text = str(error).strip()
+    quoted = re.search(r'message: "([^"]+)"|I/O error: ([^(]+?) \(os error', text)
+    return next(g for g in quoted.groups() if g) if quoted else text.splitlines()[0][:120]
+
+
 def check_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> None:
     """Before anything heavy: a usable folder, and never silently over a finished run."""
     if output_dir.exists() and not output_dir.is_dir():
@@ -173,6 +202,9 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
         # from_pretrained would not recognise (it would load a randomly initialised model).
         state_dict = {name.removeprefix("_orig_mod."): tensor for name, tensor in state_dict.items()}
         model = accelerator.unwrap_model(model, keep_torch_compile=False)
-        model.save_pretrained(output_dir, state_dict=state_dict)
-        tokenizer.save_pretrained(output_dir)
+        best = Path(output_dir).name == BEST_MODEL_DIR
+        run_dir = Path(output_dir).parent if best else Path(output_dir)
+        with writing(f"the {'best ' if best else ''}model", run_dir):
+            model.save_pretrained(output_dir, state_dict=state_dict)
+            tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()

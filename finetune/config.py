@@ -7,36 +7,73 @@ holds the same keys (flags given on the command line win over the file).
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import huggingface_hub.constants
 import yaml
-from transformers import HfArgumentParser, SchedulerType
+from transformers import HfArgumentParser
 
 from finetune.tasks import GLUE_TASKS, TASK_CHOICES
 
 DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
-REPORT_TO_CHOICES = ("wandb", "tensorboard", "all", "none")
-MIXED_PRECISION_CHOICES = ("auto", "no", "bf16", "fp16")
-DROPOUT_KERNELS = ("auto", "packed", "torch")
-PADDING_FREE_CHOICES = ("auto", "true", "false")
-DDP_COMM_HOOKS = ("none", "fp16", "bf16")
+# Choice flags are Literal types: `--help` lists them and the parser refuses anything else.
+TaskName = Literal[TASK_CHOICES]
+ReportTo = Literal["wandb", "tensorboard", "all", "none"]
+MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
+DropoutKernel = Literal["auto", "packed", "torch"]
+AutoSwitch = Literal["auto", "true", "false"]
+DdpCommHook = Literal["none", "fp16", "bf16"]
+# The schedules `get_scheduler` builds from warmup and total steps alone; the others need arguments
+# this loop does not pass (cosine_with_min_lr, warmup_stable_decay) or a metric (reduce_lr_on_plateau).
+LrSchedulerType = Literal[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+]
 
 
 class ConfigError(ValueError):
     """A setting the user can fix; the message names the flag and the fix."""
+
+    debug = False
+    """Whether the run asked for --debug (set where the config could not be built)."""
 
 
 def _help(text: str, **kwargs):
     return field(metadata={"help": text}, **kwargs)
 
 
+def _choices(annotation) -> tuple | None:
+    """The values of a Literal (or Optional Literal) type; None for any other type."""
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    literals = [a for a in typing.get_args(annotation) if typing.get_origin(a) is Literal]
+    return typing.get_args(literals[0]) if literals else None
+
+
+class _Parser(HfArgumentParser):
+    """argparse prints its usage and exits on a bad flag; here that is one ConfigError line."""
+
+    def error(self, message: str):
+        # "argument --max_length/--max-length: invalid int value: 'x'" -> "--max_length: invalid ..."
+        message = re.sub(r"^argument (--\w+)(/--[\w-]+)*: ", r"\1: ", message)
+        raise ConfigError(f"{message}; see --help")
+
+
 @dataclass
 class TrainConfig:
     # --- task, model and data
-    task_name: str = _help(
+    task_name: TaskName = _help(
         f"GLUE task ({', '.join(GLUE_TASKS)}) or custom (your files, labels inferred).", default="mnli"
     )
     model_name_or_path: str = _help(
@@ -77,29 +114,33 @@ class TrainConfig:
     max_train_steps: int | None = _help(
         "Stop after this many optimizer steps (overrides epochs).", default=None
     )
-    lr_scheduler_type: str = _help("Learning-rate schedule (transformers SchedulerType).", default="linear")
+    lr_scheduler_type: LrSchedulerType = _help(
+        "Learning-rate schedule (transformers' names).", default="linear"
+    )
     warmup_ratio: float = _help(
         "Fraction of optimizer steps spent warming up the learning rate.", default=0.1
     )
     seed: int = _help("Seed for weights of new heads, dropout and data order.", default=42)
-    mixed_precision: str = _help(
+    mixed_precision: MixedPrecision = _help(
         "auto (the accelerate config's bf16/fp16, else bf16 where the device multiplies it natively, "
         "else fp32), no, bf16 or fp16.",
         default="auto",
     )
-    dropout_kernel: str = _help(
+    dropout_kernel: DropoutKernel = _help(
         "auto (packed on CPU, torch on CUDA), packed (4 masks per 64-bit random draw) or torch.",
         default="auto",
     )
-    padding_free: str = _help(
-        "auto (on CPU for BERT, RoBERTa, XLM-R and ELECTRA without --torch_compile), true or false: "
-        "the encoder skips padding everywhere but in attention; same results, less work.",
+    padding_free: AutoSwitch = _help(
+        "auto (on CPU for BERT, RoBERTa, XLM-R and ELECTRA without --torch_compile, except on CPUs with "
+        "AMX, where padded layers measured faster), true or false: the encoder skips padding everywhere "
+        "but in attention; same results, less work.",
         default="auto",
     )
-    keep_freed_memory: bool = _help(
-        "On CPU with glibc, keep freed memory for reuse: no page faults re-mapping each step's 47 MB "
-        "embedding gradient (1.04-1.08x per MiniLM step); false hands freed memory back to the system.",
-        default=True,
+    keep_freed_memory: AutoSwitch = _help(
+        "On CPU with glibc, keep freed memory in the heap for reuse: no page faults re-mapping each "
+        "step's embedding gradient. auto: on when the CPU trains in bf16 (measured faster there, slower "
+        "in fp32); false leaves glibc's own behaviour untouched.",
+        default="auto",
     )
     torch_compile: bool = _help(
         "Compile the model with torch.compile (inductor, dynamic shapes): slower than eager on CPU; on an "
@@ -133,7 +174,7 @@ class TrainConfig:
         default=None,
     )
     logging_steps: int = _help("Log loss, learning rate and throughput every N optimizer steps.", default=50)
-    report_to: str = _help(
+    report_to: ReportTo = _help(
         "Tracker: wandb, tensorboard, all or none (metrics.jsonl is always written).", default="wandb"
     )
     project_name: str | None = _help(
@@ -159,7 +200,7 @@ class TrainConfig:
     ddp_gradient_as_bucket_view: bool = _help(
         "Gradients as views into DDP's buckets: saves one gradient-sized copy of memory.", default=True
     )
-    ddp_comm_hook: str = _help(
+    ddp_comm_hook: DdpCommHook = _help(
         "Compress gradients for all-reduce: none, fp16 or bf16 (halves traffic, for slow interconnects).",
         default="none",
     )
@@ -170,6 +211,14 @@ class TrainConfig:
     debug: bool = _help("Show full Python tracebacks for errors instead of one line.", default=False)
 
     def __post_init__(self):
+        hints = typing.get_type_hints(TrainConfig)
+        for f in dataclasses.fields(self):
+            value, choices = getattr(self, f.name), _choices(hints[f.name])
+            # The parser checks flags; values from YAML or Python code arrive here unchecked.
+            if choices and value is not None and value not in choices:
+                raise ConfigError(f"--{f.name} must be one of {', '.join(choices)}, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"--{f.name} must be a finite number, got {value}")
         positive = (
             "per_device_train_batch_size",
             "per_device_eval_batch_size",
@@ -195,12 +244,6 @@ class TrainConfig:
             raise ConfigError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
         if self.ddp_bucket_cap_mb <= 0:
             raise ConfigError(f"--ddp_bucket_cap_mb must be a positive integer, got {self.ddp_bucket_cap_mb}")
-        if self.ddp_comm_hook not in DDP_COMM_HOOKS:
-            raise ConfigError(
-                f"--ddp_comm_hook must be one of {', '.join(DDP_COMM_HOOKS)}, got {self.ddp_comm_hook!r}"
-            )
-        if self.task_name not in TASK_CHOICES:
-            raise ConfigError(f"--task_name must be one of {', '.join(TASK_CHOICES)}, got {self.task_name!r}")
         self.output_dir = self.output_dir or f"outputs/{self.task_name}"
         self.project_name = self.project_name or f"finetune-{self.task_name}"
         self.dataset_config_name = self.dataset_config_name or self.task_name
@@ -217,21 +260,8 @@ class TrainConfig:
             raise ConfigError("--validation_mismatched_file is for MNLI only; use --validation_file")
         if self.push_to_hub and huggingface_hub.constants.HF_HUB_OFFLINE:
             raise ConfigError("--push_to_hub needs the Hub; HF_HUB_OFFLINE is set: unset it or drop the flag")
-        if self.mixed_precision not in MIXED_PRECISION_CHOICES:
-            raise ConfigError(f"--mixed_precision must be one of {', '.join(MIXED_PRECISION_CHOICES)}")
-        if self.dropout_kernel not in DROPOUT_KERNELS:
-            raise ConfigError(f"--dropout_kernel must be one of {', '.join(DROPOUT_KERNELS)}")
-        if self.padding_free not in PADDING_FREE_CHOICES:
-            raise ConfigError(f"--padding_free must be one of {', '.join(PADDING_FREE_CHOICES)}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ConfigError(f"--peak_tflops must be > 0 or left unset, got {self.peak_tflops}")
-        if self.report_to not in REPORT_TO_CHOICES:
-            raise ConfigError(
-                f"--report_to must be one of {', '.join(REPORT_TO_CHOICES)}, got {self.report_to!r}"
-            )
-        schedulers = [s.value for s in SchedulerType]
-        if self.lr_scheduler_type not in schedulers:
-            raise ConfigError(f"--lr_scheduler_type must be one of {', '.join(schedulers)}")
         cs = self.checkpointing_steps
         if cs is not None and cs != "epoch" and not (cs.isdigit() and int(cs) > 0):
             raise ConfigError(f"--checkpointing_steps must be a positive integer or 'epoch', got {cs!r}")
@@ -281,16 +311,21 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Flags, optionally on top of `--config FILE.yaml`; unknown flags or keys are an error."""
     argv = sys.argv[1:] if argv is None else list(argv)
     # No abbreviations: `--learning_r` silently meaning `--learning_rate` hides typos.
-    parser = HfArgumentParser(TrainConfig, allow_abbrev=False)
+    parser = _Parser(TrainConfig, allow_abbrev=False)
     known, _ = parser.parse_known_args(argv)
     if known.config:
-        parser.set_defaults(**_read_yaml(known.config))
-    config, unknown = parser.parse_args_into_dataclasses(
-        args=argv, return_remaining_strings=True, look_for_args_file=False
-    )
+        from_file = _read_yaml(known.config)
+        _check_yaml_types(parser, from_file, known.config)
+        parser.set_defaults(**from_file)
+    namespace, unknown = parser.parse_known_args(argv)
     if unknown:
         raise ConfigError(f"unknown argument(s) {' '.join(unknown)}; see --help for the flags")
-    return config
+    values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(TrainConfig)}
+    try:
+        return TrainConfig(**values)
+    except ConfigError as error:
+        error.debug = bool(values["debug"])  # --debug shows the traceback of a refused setting too
+        raise
 
 
 def _read_yaml(path: str) -> dict:
@@ -314,6 +349,22 @@ def _read_yaml(path: str) -> dict:
     # As strings, YAML values go through the same argparse type conversion as flags do,
     # so `learning_rate: 2e-5` (a string to YAML 1.1) and `--learning_rate 2e-5` agree.
     return {k: v if v is None else str(v) for k, v in values.items()}
+
+
+def _check_yaml_types(parser: HfArgumentParser, values: dict, path: str) -> None:
+    """A YAML value the flag's type can't take is named with the file, not as the flag."""
+    actions = {action.dest: action for action in parser._actions}
+    for key, value in values.items():
+        action = actions[key]
+        if value is None or action.type is None:
+            continue
+        try:
+            converted = action.type(value)
+        except (TypeError, ValueError, SystemExit):
+            raise ConfigError(f"--config {path}: {key}: {value!r} is not a valid value") from None
+        if action.choices is not None and converted not in action.choices:
+            shown = ", ".join(str(c) for c in action.choices)
+            raise ConfigError(f"--config {path}: {key} must be one of {shown}, got {value!r}")
 
 
 def to_dict(config: TrainConfig) -> dict:

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from datasets import Dataset, Value, load_dataset
+from datasets.exceptions import DatasetGenerationError
+from pyarrow import ArrowException
 from torch.utils.data import DataLoader, Sampler
 from transformers import AutoConfig
 
@@ -73,22 +75,55 @@ def _load_file(path: str, columns: tuple[str, ...]) -> Dataset:
     if file.stat().st_size == 0:
         raise ConfigError(f"data file {path} is empty")
     suffix = file.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        dataset = load_dataset("json", data_files=str(file), split="train")
-    elif suffix == ".tsv":
-        # GLUE's own .tsv files hold unbalanced quotes, so quotes are text, not delimiters.
-        dataset = load_dataset(
-            "csv", data_files=str(file), split="train", delimiter="\t", quoting=csv.QUOTE_NONE
-        )
-    else:
-        dataset = load_dataset("csv", data_files=str(file), split="train")
+    try:
+        if suffix in (".jsonl", ".json"):
+            dataset = load_dataset("json", data_files=str(file), split="train")
+        elif suffix == ".tsv":
+            # GLUE's own .tsv files hold unbalanced quotes, so quotes are text, not delimiters.
+            dataset = load_dataset(
+                "csv", data_files=str(file), split="train", delimiter="\t", quoting=csv.QUOTE_NONE
+            )
+        else:
+            dataset = load_dataset("csv", data_files=str(file), split="train")
+    except (DatasetGenerationError, ArrowException, UnicodeError, ValueError) as error:
+        raise ConfigError(f"data file {path}: {_unreadable(error, suffix)}") from None
+    if len(dataset) == 0:
+        raise ConfigError(f"data file {path}: holds no rows (only a header or blank lines)")
     missing = [c for c in columns if c not in dataset.column_names]
     if missing:
         raise ConfigError(
             f"data file {path} lacks column(s) {', '.join(missing)}; found {', '.join(dataset.column_names)} "
             "(name yours with --text_columns and --label_column)"
         )
-    return dataset
+    return _mixed_columns_as_text(dataset, columns)
+
+
+def _mixed_columns_as_text(dataset: Dataset, columns: tuple[str, ...]) -> Dataset:
+    """A JSON column whose rows mix types (labels 0, 1 and "neutral") arrives as untyped JSON values,
+    which Arrow can't compare; as text they read as a CSV's would."""
+    mixed = [c for c in columns if c in dataset.column_names and not isinstance(dataset.features[c], Value)]
+    if not mixed:
+        return dataset
+    features = dataset.features.copy()
+    features.update({c: Value("string") for c in mixed})
+    return dataset.map(
+        lambda b: {c: [None if v is None else str(v) for v in b[c]] for c in mixed},
+        batched=True,
+        features=features,
+        desc="mixed columns",
+    )
+
+
+def _unreadable(error: Exception, suffix: str) -> str:
+    """What `datasets` could not read, with the row or line its parser named, and the fix."""
+    cause = error.__cause__ or error.__context__ or error
+    if isinstance(cause, UnicodeError) or isinstance(error, UnicodeError):
+        return "not UTF-8 text; save it as UTF-8"
+    detail = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
+    if "corresponds to no data" in detail:
+        return "holds no rows (only a header or blank lines)"
+    shape = "one JSON object per line" if suffix in (".jsonl", ".json") else "the same fields on every row"
+    return f"cannot be parsed ({detail[:200]}); fix it to hold {shape}"
 
 
 def _label_column_as_label(dataset: Dataset, label_column: str) -> Dataset:
@@ -117,6 +152,11 @@ def _custom_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tupl
     if train.features["label"].dtype.startswith("float"):
         return None
     values = [v for v in train.unique("label") if v is not None]
+    if len({str(v).strip() for v in values}) < 2:
+        raise ConfigError(
+            f"--train_file {config.train_file}: every row has the label {values[0] if values else None!r}; "
+            "a classifier needs at least two classes in its training data"
+        )
     if all(isinstance(v, int) for v in values):
         return tuple(str(v) for v in sorted(values))
     return tuple(sorted({str(v).strip() for v in values}))
@@ -193,7 +233,7 @@ class LengthGroupedSampler(Sampler[int]):
     Each chunk of `mega_batches` shuffled global batches is sorted by length and cut into batches,
     so little of a batch is padding, and those batches are shuffled again: left sorted (HF Trainer's
     group_by_length) the steps run from long pairs to short ones in a sawtooth, which cost MiniLM
-    0.9 points of MNLI accuracy in 1-epoch runs (3 seeds; README has the table). The order is a
+    0.9 points of MNLI accuracy in 1-epoch runs (3 seeds; docs/design.md has the table). The order is a
     pure function of (seed, epoch): Accelerate shards it by whole batches (`global_batch_size` is the
     per-device batch times the processes, so one step's ranks get similar lengths), and a resumed run
     that sets the same epoch and skips the finished batches sees exactly the same data.

@@ -69,13 +69,16 @@ def packed_dropout_attention(module, query, key, value, attention_mask, scaling=
     return torch.matmul(probabilities, value).transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTENTION, packed_dropout_attention)
-AttentionMaskInterface.register(ATTENTION, eager_mask)
+def register_attention() -> None:
+    """Makes `ATTENTION` a name transformers' models accept (global registries, hence not at import)."""
+    AttentionInterface.register(ATTENTION, packed_dropout_attention)
+    AttentionMaskInterface.register(ATTENTION, eager_mask)
 
 
 def use_packed_dropout(model: nn.Module) -> None:
     """Every nn.Dropout of the model becomes PackedDropout (same p, no weights change); models that
     take their attention from transformers' AttentionInterface also get it in attention."""
+    register_attention()
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Dropout:

@@ -27,6 +27,7 @@ from finetune.checkpoint import (
     load_checkpoint,
     model_signature,
     resolve_resume,
+    writing,
 )
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
 from finetune.data import build_dataloaders, load_splits, tokenize_splits
@@ -44,6 +45,7 @@ from finetune.runtime import (
     describe_runtime,
     keep_freed_memory,
     replicas_identical,
+    resolve_keep_freed_memory,
     run_summary,
 )
 from finetune.steps import plan_steps
@@ -52,12 +54,15 @@ from finetune.tracking import MetricsLog, start_trackers, trackers_for, wandb_of
 
 
 def cli(argv: list[str] | None = None, build=None) -> int:
-    """The command line: a mistake or failure the user can act on is one line on stderr."""
+    """The command line: a mistake or failure the user can act on is one line on stderr
+    (with `--debug`, its traceback)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    config = None
     try:
-        main(argv, build or setup)
+        config = parse_config(argv)
+        run_config(config, build)
     except (ConfigError, TrainingFailed) as error:
-        if "--debug" in argv and "false" not in argv[argv.index("--debug") + 1 :][:1]:
+        if config.debug if config is not None else getattr(error, "debug", False):
             raise
         print(f"error: {error}", file=sys.stderr)
         return 2 if isinstance(error, ConfigError) else 1
@@ -67,7 +72,11 @@ def cli(argv: list[str] | None = None, build=None) -> int:
 
 
 def main(argv: list[str] | None = None, build=None) -> dict:
-    run = (build or setup)(parse_config(argv))
+    return run_config(parse_config(argv), build)
+
+
+def run_config(config: TrainConfig, build=None) -> dict:
+    run = (build or setup)(config)
     try:
         results = execute(run)
     except TrainingInterrupted as stopped:
@@ -109,7 +118,10 @@ def setup(config: TrainConfig) -> Run:
     config.padding_free = resolve_padding_free(config, model, accelerator.device.type)  # "true"/"false"
     if config.padding_free == "true":
         use_padding_free(model)
-    if config.keep_freed_memory and accelerator.device.type == "cpu":
+    config.keep_freed_memory = resolve_keep_freed_memory(  # "true"/"false", shown in train_config.json
+        config.keep_freed_memory, accelerator.device.type, accelerator.mixed_precision
+    )
+    if config.keep_freed_memory == "true":
         keep_freed_memory()
     tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
     loaders = build_dataloaders(tokenized, tokenizer, config, world_size, accelerator.device.type == "cuda")
@@ -136,7 +148,8 @@ def setup(config: TrainConfig) -> Run:
     )
     log = None
     if accelerator.is_main_process:
-        (output_dir / "train_config.json").write_text(json.dumps(resolved, indent=2))
+        with writing("train_config.json", output_dir):
+            (output_dir / "train_config.json").write_text(json.dumps(resolved, indent=2))
         log = MetricsLog(accelerator, config.output_dir, resumed_step=state.global_step if resume else None)
         if wandb_notice:
             print(wandb_notice)
@@ -206,14 +219,20 @@ def execute(run: Run) -> dict:
     results["replicas_identical"] = replicas_identical(accelerator, run.model)
     machine = hardware(accelerator)
     if accelerator.is_main_process:
-        (output_dir / "results.json").write_text(json.dumps(results, indent=2))
         if predictions is not None:
-            with (output_dir / "predictions.jsonl").open("w") as f:
+            with writing("predictions.jsonl", output_dir), (output_dir / "predictions.jsonl").open("w") as f:
                 f.writelines(json.dumps(p) + "\n" for p in predictions)
         if config.do_train:
-            plot_training_curves(output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys())
+            with writing(CURVES_FILE, output_dir):
+                plot_training_curves(
+                    output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys()
+                )
             wall_s = time.perf_counter() - run.started_s
-            write_model_card(output_dir / "README.md", config, task, results, run.rows, machine, wall_s)
+            with writing("the model card (README.md)", output_dir):
+                write_model_card(output_dir / "README.md", config, task, results, run.rows, machine, wall_s)
+        # Last: results.json marks a finished run.
+        with writing("results.json", output_dir):
+            (output_dir / "results.json").write_text(json.dumps(results, indent=2))
         print(json.dumps(results, indent=2))
         written = ["model, tokenizer, README.md (model card), training_curves.png"] if config.do_train else []
         written += ["predictions.jsonl"] if predictions is not None else []

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from finetune.config import ConfigError
@@ -21,10 +24,22 @@ def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: in
             "label2id": {name: i for i, name in enumerate(names)},
             "problem_type": "single_label_classification",
         }
+    folder = Path(model_name_or_path)
+    if folder.is_dir() and (folder / "config.json").is_file() and not _has_tokenizer_files(folder):
+        # transformers would build a tokenizer of a handful of special tokens: every word [UNK].
+        raise ConfigError(
+            f"--model_name_or_path {model_name_or_path}: no tokenizer files there (tokenizer.json, "
+            "vocab.txt, ...); save the model's tokenizer beside it with tokenizer.save_pretrained"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
         model_config = AutoConfig.from_pretrained(model_name_or_path, **head)
         model = AutoModelForSequenceClassification.from_pretrained(model_name_or_path, config=model_config)
+    except SafetensorError as error:
+        raise ConfigError(
+            f"--model_name_or_path {model_name_or_path}: a weights file there is damaged ({error}); "
+            "copy or save the model again"
+        ) from None
     except RuntimeError as error:  # weights whose shapes do not match config.json
         raise ConfigError(
             f"--model_name_or_path {model_name_or_path}: its weights do not fit its config.json "
@@ -38,7 +53,24 @@ def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: in
     positions = getattr(model_config, "max_position_embeddings", None)
     if positions is not None and max_length > positions:
         raise ConfigError(f"--max_length {max_length} exceeds the model's {positions} positions; lower it")
+    # Truncation can't cut a sequence below its special tokens: it would pass whole, of any length.
+    pair = len(task.text_columns) == 2
+    needed = tokenizer.num_special_tokens_to_add(pair=pair) + len(task.text_columns)
+    if max_length < needed:
+        shape = "a pair" if pair else "a sentence"
+        raise ConfigError(
+            f"--max_length {max_length} is below the {needed} tokens this tokenizer needs for {shape} "
+            "(its special tokens plus one per text); raise it"
+        )
     return model, tokenizer
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")  # fmt: skip
+
+
+def _has_tokenizer_files(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
 
 
 def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: float) -> torch.optim.AdamW:

@@ -52,6 +52,11 @@ class PaddedShape(NamedTuple):
     length: int
 
 
+def cpu_has_amx() -> bool:
+    """AMX tiles (Sapphire Rapids and later Xeons); torch's probe is private and absent on older torch."""
+    return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
 def supports_padding_free(model: nn.Module) -> bool:
     return (
         model.config.model_type in MODEL_TYPES
@@ -61,11 +66,16 @@ def supports_padding_free(model: nn.Module) -> bool:
 
 
 def resolve_padding_free(config: TrainConfig, model: nn.Module, device_type: str) -> str:
-    """--padding_free as "true" or "false". auto: on CPU, where it was measured faster; not on GPUs
-    (0.58x on an H100: more launches and a wait per forward), nor under torch.compile (nonzero()
-    breaks the graph)."""
+    """--padding_free as "true" or "false". auto: on CPU, where it was measured faster, except on CPUs
+    with AMX, whose padded matmuls measured faster; not on GPUs (more launches and a wait per
+    forward), nor under torch.compile (nonzero() breaks the graph)."""
     if config.padding_free == "auto":
-        wanted = device_type == "cpu" and not config.torch_compile and supports_padding_free(model)
+        wanted = (
+            device_type == "cpu"
+            and not cpu_has_amx()
+            and not config.torch_compile
+            and supports_padding_free(model)
+        )
         return "true" if wanted else "false"
     if config.padding_free == "true" and not supports_padding_free(model):
         raise ConfigError(
@@ -81,7 +91,10 @@ def use_padding_free(model: nn.Module, rows_multiple: int = ROWS_MULTIPLE) -> No
     `rows_multiple` with padding ones); weights and outputs are unchanged."""
     if not supports_padding_free(model):
         raise ValueError(f"padding-free needs one of {', '.join(MODEL_TYPES)} with sdpa or packed attention")
-    name, _ = WRAPPED_ATTENTION[model.config._attn_implementation]
+    name, inner = WRAPPED_ATTENTION[model.config._attn_implementation]
+    # Global registries of transformers, so filled here rather than at import.
+    AttentionInterface.register(name, functools.partial(padding_free_attention, inner=inner))
+    AttentionMaskInterface.register(name, eager_mask)
     encoder = model.base_model.encoder
     encoder.register_forward_pre_hook(
         functools.partial(_pack_real_tokens, rows_multiple=rows_multiple), with_kwargs=True
@@ -135,8 +148,3 @@ def padding_free_attention(module, query, key, value, attention_mask, inner, pad
     )
     output, _ = inner(module, query, key, value, attention_mask, **kwargs)
     return output.flatten(0, 1).index_select(0, padding_free.real).unsqueeze(0), None
-
-
-for _name, _inner in WRAPPED_ATTENTION.values():
-    AttentionInterface.register(_name, functools.partial(padding_free_attention, inner=_inner))
-    AttentionMaskInterface.register(_name, eager_mask)

@@ -1,18 +1,21 @@
 """Every common mistake: one line naming the flag or file and the fix, a non-zero exit, nothing lost.
 
-Each case runs the real entry point in a subprocess, next to an output folder holding a finished
-run, and checks that folder is byte-for-byte unchanged afterwards.
+Each case runs the entry point's `cli(argv)` in this process (as `finetune/mnli.py` does), next to
+an output folder holding a finished run, and checks that folder is byte-for-byte unchanged
+afterwards. A few cases run the real entry point in a subprocess, for the promise of no traceback
+from a fresh interpreter and for what needs a process of its own (a launcher, a file-size limit).
 """
 
 import json
 import os
 import signal
-import subprocess
-import time
 
 import pytest
+import torch
 
-from tests.conftest import PYTHON, REPO, run_cli, tiny_args
+from finetune.config import ConfigError
+from finetune.mnli import cli, main, setup
+from tests.helpers import PYTHON, run_cli, tiny_args
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
 
@@ -21,9 +24,7 @@ ENTRY = [PYTHON, "finetune/mnli.py"]
 def finished(tiny_model_dir, nli_files, tmp_path_factory):
     """A finished run with checkpoints: what every bad invocation must leave alone."""
     out = tmp_path_factory.mktemp("finished") / "out"
-    done = run_cli([*ENTRY, *tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "10",
-                                       "--checkpointing_steps", "5")])  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "10", "--checkpointing_steps", "5"))
     return out
 
 
@@ -31,14 +32,28 @@ def snapshot(folder):
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def fails_cleanly(args, finished, expected: str, env=None, launcher_traceback=False) -> str:
-    """The last line of stderr is finetune's `error: ...`; no traceback; `finished` untouched.
+def fails_cleanly(argv, finished, expected: str, capsys, build=None, exit_code: int | None = None) -> str:
+    """`cli(argv)` returns non-zero; the last line of stderr is finetune's `error: ...` holding
+    `expected`; `finished` is untouched. Returns that line."""
+    before = snapshot(finished)
+    capsys.readouterr()
+    code = cli(argv, build)
+    err = capsys.readouterr().err
+    assert code != 0 if exit_code is None else code == exit_code, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: ") and expected in last, err[-2000:]
+    assert snapshot(finished) == before
+    return last
+
+
+def fails_cleanly_in_a_process(command, finished, expected: str, env=None, launcher_traceback=False) -> str:
+    """The same through a real process: and no traceback at all on its stderr.
 
     With `launcher_traceback`, `accelerate launch` adds its own report of the failed child after
     that line (it always does); finetune's line must still be there, and no traceback from finetune.
     """
     before = snapshot(finished)
-    done = run_cli(args, env=env)
+    done = run_cli(command, env=env)
     assert done.returncode != 0
     lines = [line for line in done.stderr.strip().splitlines() if line.startswith("error: ")]
     assert lines and expected in lines[-1], done.stderr[-2000:]
@@ -70,6 +85,15 @@ def with_flag(args, flag, value):
 def write(path, text):
     path.write_text(text)
     return str(path)
+
+
+def write_bytes(path, data):
+    path.write_bytes(data)
+    return str(path)
+
+
+GOOD_ROW = '{"premise": "a", "hypothesis": "b", "label": 0}\n'
+CSV = "premise,hypothesis,label\nA man sleeps.,Nobody sleeps.,2\n"
 
 
 CASES = {
@@ -131,13 +155,51 @@ CASES = {
         "--learning_rate must be > 0",
     ),
     "max_train_samples 0": (lambda a, t: with_flag(a, "--max_train_samples", "0"), "--max_train_samples"),
-    "output_dir is a file": (
-        lambda a, t: with_flag(a, "--output_dir", write(t / "a-file", "x")),
-        "--output_dir",
+    "malformed jsonl line": (
+        lambda a, t: with_flag(
+            a, "--train_file", write(t / "m.jsonl", GOOD_ROW + '{"premise": broken\n' + GOOD_ROW)
+        ),
+        "m.jsonl: cannot be parsed (JSON parse error: Invalid value. in row 1)",
     ),
-    "output_dir not writable": (
-        lambda a, t: with_flag(a, "--output_dir", "/proc/finetune-out"),
-        "--output_dir",
+    "random bytes named jsonl": (
+        lambda a, t: with_flag(a, "--train_file", write_bytes(t / "r.jsonl", bytes(range(256)) * 4)),
+        "r.jsonl: ",
+    ),
+    "utf-16 csv": (
+        lambda a, t: with_flag(a, "--train_file", write_bytes(t / "u.csv", CSV.encode("utf-16"))),
+        "u.csv: not UTF-8 text; save it as UTF-8",
+    ),
+    "csv row with an extra field": (
+        lambda a, t: with_flag(a, "--train_file", write(t / "x.csv", CSV + "a,b,0,extra\n")),
+        "x.csv: cannot be parsed (Error tokenizing data. C error: Expected 3 fields in line 3, saw 4)",
+    ),
+    "csv with only its header": (
+        lambda a, t: with_flag(a, "--train_file", write(t / "h.csv", "premise,hypothesis,label\n")),
+        "h.csv: holds no rows",
+    ),
+    "jsonl of blank lines": (
+        lambda a, t: with_flag(a, "--train_file", write(t / "b.jsonl", "\n\n\n")),
+        "b.jsonl: holds no rows",
+    ),
+    "max_length below the special tokens": (
+        lambda a, t: with_flag(a, "--max_length", "2"),
+        "--max_length 2 is below the 5 tokens this tokenizer needs for a pair",
+    ),
+    "non-finite learning rate": (
+        lambda a, t: with_flag(a, "--learning_rate", "nan"),
+        "--learning_rate must be a finite",
+    ),
+    "non-finite weight decay": (
+        lambda a, t: with_flag(a, "--weight_decay", "inf"),
+        "--weight_decay must be a finite",
+    ),
+    "wrong type in YAML": (
+        lambda a, t: [*a, "--config", write(t / "c.yaml", "learning_rate: abc\n")],
+        "c.yaml: learning_rate: 'abc' is not a valid value",
+    ),
+    "choice outside the list": (
+        lambda a, t: with_flag(a, "--lr_scheduler_type", "reduce_lr_on_plateau"),
+        "--lr_scheduler_type: invalid choice: 'reduce_lr_on_plateau'",
     ),
     "checkpointing_steps neither int nor epoch": (
         lambda a, t: with_flag(a, "--checkpointing_steps", "often"),
@@ -151,26 +213,52 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_bad_input_fails_in_one_line(case, good, finished, tmp_path):
+def test_bad_input_fails_in_one_line(case, good, finished, tmp_path, capsys):
     spoil, expected = CASES[case]
-    fails_cleanly([*ENTRY, *spoil(good, tmp_path)], finished, expected)
+    fails_cleanly(spoil(good, tmp_path), finished, expected, capsys)
 
 
-def test_finished_output_dir_is_refused_and_kept(tiny_model_dir, nli_files, finished):
-    args = tiny_args(tiny_model_dir, nli_files, finished)
-    fails_cleanly(
-        [*ENTRY, *args], finished, "holds a finished run (results.json); pass --overwrite_output_dir"
+@pytest.mark.parametrize(
+    ("case", "flag", "value", "expected"),
+    [
+        (
+            "a file",
+            "--output_dir",
+            "a-file",
+            "error: --output_dir {tmp}/a-file is a file; give a folder path",
+        ),
+        (
+            "not writable",
+            "--output_dir",
+            "/proc/finetune-out",
+            "error: --output_dir /proc/finetune-out: cannot write there (No such file or directory); "
+            "choose a writable folder",
+        ),
+    ],
+)
+def test_output_dir_that_cannot_be_used(case, flag, value, expected, good, finished, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("x")
+    path = str(tmp_path / value) if case == "a file" else value
+    last = fails_cleanly(with_flag(good, flag, path), finished, "--output_dir", capsys)
+    assert last == expected.format(tmp=tmp_path)
+
+
+def test_finished_output_dir_is_refused_and_kept(tiny_model_dir, nli_files, finished, capsys):
+    last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, finished), finished, "", capsys)
+    assert last == (
+        f"error: --output_dir {finished} holds a finished run (results.json); pass --overwrite_output_dir "
+        "or choose another folder"
     )
 
 
-def test_resume_from_a_partial_checkpoint(tiny_model_dir, nli_files, finished, tmp_path):
+def test_resume_from_a_partial_checkpoint(tiny_model_dir, nli_files, finished, tmp_path, capsys):
     partial = tmp_path / ".checkpoint-7.partial"
     partial.mkdir()
     args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--resume_from_checkpoint", str(partial))
-    fails_cleanly([*ENTRY, *args], finished, "not a complete checkpoint (no trainer_state.json)")
+    fails_cleanly(args, finished, "not a complete checkpoint (no trainer_state.json)", capsys)
 
 
-def test_resume_with_another_number_of_processes(tiny_model_dir, nli_files, finished, tmp_path):
+def test_resume_with_another_number_of_processes(tiny_model_dir, nli_files, finished, tmp_path, capsys):
     checkpoint = finished / "checkpoint-10"
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     copy = tmp_path / "checkpoint-10"
@@ -179,10 +267,10 @@ def test_resume_with_another_number_of_processes(tiny_model_dir, nli_files, fini
         (copy / f.name).write_bytes(f.read_bytes())
     (copy / "trainer_state.json").write_text(json.dumps({**state, "world_size": 4}))
     args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--resume_from_checkpoint", str(copy))
-    fails_cleanly([*ENTRY, *args], finished, "saved with 4 processes, this run has 1")
+    fails_cleanly(args, finished, "saved with 4 processes, this run has 1", capsys)
 
 
-def test_resume_with_another_model(tiny_model_dir, nli_files, finished, tmp_path):
+def test_resume_with_another_model(tiny_model_dir, nli_files, finished, tmp_path, capsys):
     from transformers import AutoConfig, AutoTokenizer, BertForSequenceClassification
 
     other = tmp_path / "other-model"
@@ -193,9 +281,21 @@ def test_resume_with_another_model(tiny_model_dir, nli_files, finished, tmp_path
     args = tiny_args(
         other, nli_files, tmp_path / "out", "--resume_from_checkpoint", str(finished / "checkpoint-10")
     )
-    fails_cleanly([*ENTRY, *args], finished, "was saved from a different model")
+    fails_cleanly(args, finished, "was saved from a different model", capsys)
 
 
+@pytest.mark.subprocess
+def test_a_fresh_process_prints_one_line_and_no_traceback(good, finished, tmp_path):
+    """From the command line: a data error found deep in loading, and a refused flag."""
+    bad_labels = write(tmp_path / "l.jsonl", '{"premise": "a", "hypothesis": "b", "label": "maybe"}\n')
+    fails_cleanly_in_a_process(
+        [*ENTRY, *with_flag(good, "--train_file", bad_labels)], finished, "label value(s) 'maybe'"
+    )
+    last = fails_cleanly_in_a_process([*ENTRY, *good, "--lr", "1"], finished, "")
+    assert last == "error: unknown argument(s) --lr 1; see --help for the flags"
+
+
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("config", "gpus"),
     [("single_gpu.yaml", "0"), ("multi_gpu.yaml", "0,1,2,3,4,5,6,7")],
@@ -206,70 +306,181 @@ def test_gpu_config_on_a_machine_without_gpus(config, gpus, good, finished):
               f"accelerate_configs/{config}", "--num_processes", "1" if config == "single_gpu.yaml" else "2",
               "finetune/mnli.py"]  # fmt: skip
     expected = f"asks for GPU(s) {gpus} but this machine has no CUDA GPU"
-    fails_cleanly([*launch, *good], finished, expected, launcher_traceback=True)
+    fails_cleanly_in_a_process([*launch, *good], finished, expected, launcher_traceback=True)
 
 
+@pytest.mark.subprocess
 def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(
     tiny_model_dir, nli_files, finished, tmp_path
 ):
     """A real write error: RLIMIT_FSIZE makes the 8 MB optimizer file fail with EFBIG, as a full disk does."""
     out = tmp_path / "out"
-    first = run_cli([*ENTRY, *tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "5",
-                                        "--checkpointing_steps", "5")])  # fmt: skip
-    assert first.returncode == 0
+    main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "5", "--checkpointing_steps", "5"))
     (out / "results.json").unlink()
     kept = snapshot(out / "checkpoint-5")
     args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "10", "--checkpointing_steps", "5",
                      "--resume_from_checkpoint", "auto")  # fmt: skip
     limited = ["bash", "-c", 'ulimit -f 6000 && exec "$@"', "limited", *ENTRY, *args]
-    last = fails_cleanly(limited, finished, "writing checkpoint-10 failed")
+    last = fails_cleanly_in_a_process(limited, finished, "writing checkpoint-10 failed")
     assert "checkpoint-5 is intact" in last
     assert snapshot(out / "checkpoint-5") == kept
     assert not (out / "checkpoint-10").exists() and not list(out.glob(".checkpoint-*"))
 
 
+def with_fault(fault: str, at_micro_batch: int):
+    """`setup`, plus a forward hook on the real model: at that training micro-batch, an OOM (as a
+    too-large batch raises on a GPU), or NaN logits (as a diverging run gives)."""
+    seen = 0
+
+    def inject(module, args, output):
+        nonlocal seen
+        if not module.training:
+            return output
+        seen += 1
+        if seen < at_micro_batch:
+            return output
+        if fault == "oom":
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)"
+            )
+        output.logits = output.logits * float("nan")
+        return output
+
+    def build(config):
+        run = setup(config)
+        run.model.register_forward_hook(inject)
+        return run
+
+    return build
+
+
 @pytest.mark.parametrize(
-    ("fault", "expected"),
+    ("fault", "at", "expected"),
     [
-        ("oom", "out of memory at step 1 with --per_device_train_batch_size 16"),
-        ("nan", "the loss became NaN or inf at step 7; the last good checkpoint is"),
+        ("oom", 1, "out of memory at step 1 with --per_device_train_batch_size 16"),
+        ("nan", 7, "the loss became NaN or inf at step 7; the last good checkpoint is"),
     ],
 )
-def test_oom_and_nan_stop_with_advice(fault, expected, tiny_model_dir, nli_files, finished, tmp_path):
+def test_oom_and_nan_stop_with_advice(
+    fault, at, expected, tiny_model_dir, nli_files, finished, tmp_path, capsys
+):
     out = tmp_path / "out"
-    at = {"oom": "1", "nan": "7"}[fault]
     args = tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "5")
-    last = fails_cleanly(
-        [PYTHON, "tests/probes/inject_fault.py", *args], finished, expected, env={"FAULT": fault, "AT": at}
-    )
+    last = fails_cleanly(args, finished, expected, capsys, build=with_fault(fault, at), exit_code=1)
     if fault == "nan":
         assert "checkpoint-5" in last
         assert (out / "checkpoint-5" / "trainer_state.json").exists() and not (out / "checkpoint-10").exists()
 
 
-def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tiny_model_dir, nli_files, tmp_path):
+def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tiny_model_dir, nli_files, tmp_path, capsys):
+    """Ctrl-C at step 7 (sent by the run to itself, so always at that step): the step finishes, a
+    checkpoint is written, one line says how to resume, exit 130."""
     out = tmp_path / "out"
-    args = tiny_args(
-        tiny_model_dir, nli_files, out, "--num_train_epochs", "20", "--checkpointing_steps", "50"
+
+    def build(config):
+        run = setup(config)
+        step = run.scheduler.step
+
+        def step_then_ctrl_c():
+            step()
+            if run.state.global_step == 6:  # counted after this call returns: the 7th update
+                os.kill(os.getpid(), signal.SIGINT)
+
+        run.scheduler.step = step_then_ctrl_c
+        return run
+
+    code = cli(tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "50"), build)
+    err = capsys.readouterr().err
+    assert code == 130
+    assert err.strip().splitlines()[-1] == (
+        f"stopped by SIGINT after step 7; checkpoint saved to {out / 'checkpoint-7'}; "
+        "continue with the same command plus --resume_from_checkpoint auto"
     )
-    log = tmp_path / "log"
-    with log.open("w") as f:
-        process = subprocess.Popen([*ENTRY, *args], cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while not (out / "checkpoint-50").exists():
-        assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-        time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    assert process.wait(timeout=60) == 130
-    text = log.read_text()
-    assert "stopped by SIGINT after step" in text and "--resume_from_checkpoint auto" in text
-    assert "Traceback" not in text
+    assert (out / "checkpoint-7" / "trainer_state.json").exists() and not (out / "results.json").exists()
 
 
-def test_debug_shows_the_traceback(good):
-    done = run_cli([*ENTRY, *with_flag(good, "--num_train_epochs", "0"), "--debug", "true"])
-    assert done.returncode != 0
+@pytest.mark.parametrize("spelling", [["--debug", "true"], ["--debug=true"], ["--debug"], ["yaml"]])
+def test_debug_shows_the_traceback(spelling, good, tmp_path):
+    if spelling == ["yaml"]:
+        spelling = ["--config", write(tmp_path / "d.yaml", "debug: true\n")]
+    with pytest.raises(ConfigError, match="--num_train_epochs must be a positive integer"):
+        cli([*with_flag(good, "--num_train_epochs", "0"), *spelling])
+    with pytest.raises(ConfigError, match="this run measures eval_matched_accuracy"):  # after parsing
+        cli([*with_flag(good, "--metric_for_best_model", "eval_nope"), *spelling])
+
+
+@pytest.mark.subprocess
+def test_a_second_ctrl_c_stops_at_once(tiny_model_dir, nli_files, tmp_path):
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "5")
+    done = run_cli([PYTHON, "tests/probes/double_ctrl_c.py", *args], env={"AT": "7"})
+    assert done.returncode == 130, done.stderr[-2000:]
     assert (
-        "Traceback" in done.stderr
-        and "ConfigError: --num_train_epochs must be a positive integer" in done.stderr
+        done.stderr.strip().splitlines()[-1] == "error: stopped by a second Ctrl-C; no new checkpoint written"
     )
+    assert "Traceback" not in done.stderr
+    # Stopped inside step 7: checkpoint-5 is the last one, and no step after it was saved.
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-5"]
+    assert not (out / "results.json").exists()
+
+
+def test_mixed_label_types_in_jsonl_read_like_a_csv(good, tmp_path):
+    """Labels 0, 1 and "neutral" in one JSONL column: JSON gives them no single type; they count."""
+    names = ["entailment", "neutral", "contradiction"]
+    rows = [
+        {"premise": f"p{i}", "hypothesis": "h", "label": names[i % 3] if i % 2 else i % 3} for i in range(30)
+    ]
+    mixed = write(tmp_path / "mixed.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    results = main([*with_flag(good, "--train_file", mixed), "--max_train_steps", "1"])
+    assert results["global_step"] == 1
+
+
+def test_damaged_model_folders(tiny_model_dir, good, finished, tmp_path, capsys):
+    import shutil
+
+    truncated = tmp_path / "truncated"
+    shutil.copytree(tiny_model_dir, truncated)
+    weights_file = truncated / "model.safetensors"
+    weights_file.write_bytes(weights_file.read_bytes()[:5000])
+    last = fails_cleanly(with_flag(good, "--model_name_or_path", str(truncated)), finished, "", capsys)
+    assert last.startswith(f"error: --model_name_or_path {truncated}: a weights file there is damaged")
+
+    no_tokenizer = tmp_path / "no-tokenizer"
+    no_tokenizer.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_model_dir / name, no_tokenizer / name)
+    last = fails_cleanly(with_flag(good, "--model_name_or_path", str(no_tokenizer)), finished, "", capsys)
+    assert last == (
+        f"error: --model_name_or_path {no_tokenizer}: no tokenizer files there (tokenizer.json, vocab.txt, "
+        "...); save the model's tokenizer beside it with tokenizer.save_pretrained"
+    )
+
+
+def test_single_class_training_data(good, finished, tmp_path, capsys):
+    rows = "".join(json.dumps({"text": f"t{i}", "tag": "spam"}) + "\n" for i in range(8))
+    one_class = write(tmp_path / "one.jsonl", rows)
+    args = [*with_flag(with_flag(good, "--train_file", one_class), "--validation_file", one_class),
+            "--task_name", "custom", "--text_columns", "text", "--label_column", "tag"]  # fmt: skip
+    last = fails_cleanly(args, finished, "", capsys)
+    assert last == (
+        f"error: --train_file {one_class}: every row has the label 'spam'; a classifier needs at least two "
+        "classes in its training data"
+    )
+
+
+def test_an_output_file_that_cannot_be_written(good, finished, tmp_path, capsys):
+    """train_config.json that can't be replaced (a folder of that name: root ignores read-only bits)."""
+    out = tmp_path / "new"
+    (out / "train_config.json").mkdir(parents=True)
+    last = fails_cleanly(good, finished, "", capsys, exit_code=1)
+    assert last.startswith(f"error: writing train_config.json in {out} failed (Is a directory)")
+
+
+@pytest.mark.subprocess
+def test_disk_full_while_writing_the_best_model(tiny_model_dir, nli_files, finished, tmp_path):
+    """RLIMIT_FSIZE of 1 MB: the first evaluation's best-model export fails as on a full disk."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "3")
+    limited = ["bash", "-c", 'ulimit -f 1000 && exec "$@"', "limited", *ENTRY, *args]
+    last = fails_cleanly_in_a_process(limited, finished, "")
+    assert last.startswith(f"error: writing the best model in {out} failed (File too large)")

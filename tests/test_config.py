@@ -1,8 +1,14 @@
 import dataclasses
+import re
+import subprocess
+import sys
 
 import pytest
 
 from finetune.config import ConfigError, TrainConfig, parse_config
+from tests.helpers import REPO
+
+RECIPES = REPO / "recipes"
 
 FLAGS = [
     "--model_name_or_path", "some/model",
@@ -136,3 +142,80 @@ def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16_natively(
         monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
     assert resolve_mixed_precision("auto") == expected
     assert resolve_mixed_precision("no") == "no"
+
+
+def test_choice_flags_list_their_choices_and_refuse_others():
+    from finetune.config import _Parser
+
+    help_text = _Parser(TrainConfig).format_help()
+    assert "--mixed_precision {auto,no,bf16,fp16}" in help_text
+    assert "--keep_freed_memory {auto,true,false}" in help_text
+    with pytest.raises(ConfigError, match=r"^--report_to: invalid choice: 'comet' \(choose from"):
+        parse_config(["--report_to", "comet"])
+
+
+@pytest.mark.parametrize("flag", ["--learning_rate", "--weight_decay", "--max_grad_norm", "--peak_tflops"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_refused_at_parse_time(flag, value):
+    with pytest.raises(ConfigError, match=f"^{flag} must be a finite number"):
+        parse_config([f"{flag}={value}"])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("learning_rate: abc\n", "learning_rate: 'abc' is not a valid value"),
+        ("learning_rate: .nan\n", "--learning_rate must be a finite number"),
+        ("mixed_precision: fp8\n", "mixed_precision must be one of auto, no, bf16, fp16, got 'fp8'"),
+    ],
+)
+def test_yaml_values_are_checked_like_flags(tmp_path, text, expected):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        parse_config(["--config", str(path)])
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_recipe_parses(recipe):
+    config = parse_config(["--config", str(recipe)])
+    assert config.task_name in recipe.read_text()
+
+
+def test_flags_doc_is_up_to_date():
+    from finetune.flags import flags_markdown
+
+    committed = (REPO / "docs" / "flags.md").read_text()
+    assert committed == flags_markdown(), "docs/flags.md is out of date: run `make flags`"
+
+
+def test_padding_free_auto_is_off_on_cpus_with_amx(monkeypatch):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from finetune import padding_free
+
+    bert = BertForSequenceClassification(
+        BertConfig(
+            vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8
+        )
+    )
+    monkeypatch.setattr(padding_free, "cpu_has_amx", lambda: True)
+    assert padding_free.resolve_padding_free(TrainConfig(), bert, "cpu") == "false"
+    assert padding_free.resolve_padding_free(TrainConfig(padding_free="true"), bert, "cpu") == "true"
+    monkeypatch.setattr(padding_free, "cpu_has_amx", lambda: False)
+    assert padding_free.resolve_padding_free(TrainConfig(), bert, "cpu") == "true"
+
+
+@pytest.mark.subprocess
+def test_importing_the_package_registers_nothing_with_transformers():
+    """Attention and mask functions are registered by use_*, not by importing a module."""
+    code = (
+        "import transformers, finetune.mnli, finetune.padding_free, finetune.kernels\n"
+        "from transformers import AttentionInterface\n"
+        "from transformers.masking_utils import AttentionMaskInterface\n"
+        "names = [*AttentionInterface._global_mapping, *AttentionMaskInterface._global_mapping]\n"
+        "print(sorted(n for n in names if n.startswith('finetune')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

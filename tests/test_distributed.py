@@ -8,7 +8,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 
@@ -19,11 +18,12 @@ from torch.utils.data import BatchSampler
 from finetune.config import ConfigError
 from finetune.mnli import main
 from finetune.runtime import check_world_size
-from tests.conftest import (
+from tests.helpers import (
     N_VALIDATION,
     PYTHON,
     REPO,
     assert_same_weights,
+    free_port,
     read_jsonl,
     reference_weights,
     run_cli,
@@ -35,12 +35,6 @@ from tests.conftest import (
 pytestmark = pytest.mark.multiprocess
 BIN = os.path.dirname(PYTHON)
 ACCELERATE = os.path.join(BIN, "accelerate")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accelerate_launch(config_file: str, *launch_args: str) -> list[str]:

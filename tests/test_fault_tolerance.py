@@ -14,8 +14,7 @@ import torch
 
 from finetune.config import ConfigError
 from finetune.mnli import main
-from tests.conftest import PYTHON, REPO, read_jsonl, run_cli, tiny_args, weights
-from tests.test_distributed import free_port
+from tests.helpers import PYTHON, REPO, free_port, read_jsonl, run_cli, tiny_args, weights
 
 BIN = os.path.dirname(PYTHON)
 EPOCHS = ["--num_train_epochs", "8", "--checkpointing_steps", "10"]  # 38 steps/epoch on 1 rank, 19 on 2

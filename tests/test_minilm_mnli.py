@@ -5,7 +5,7 @@ import json
 import pytest
 
 from finetune.mnli import main
-from tests.conftest import SHARED_MNLI, minilm_dir
+from tests.helpers import SHARED_MNLI, minilm_dir
 
 pytestmark = pytest.mark.slow
 

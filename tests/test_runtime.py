@@ -2,13 +2,14 @@ import sys
 
 import pytest
 
-from finetune.runtime import keep_freed_memory
-from tests.conftest import run_cli, tiny_args
+from finetune.runtime import is_glibc, resolve_keep_freed_memory
+from tests.helpers import run_cli, tiny_args
 
-GLIBC = keep_freed_memory(False)  # False where libc is not glibc; glibc's defaults are a no-op here
+GLIBC = is_glibc()
 PAGES_IN_64_MB = 64 * 2**20 // 4096
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not GLIBC, reason="malloc settings are tuned on glibc only")
 @pytest.mark.parametrize("keep", [True, False])
 def test_cpu_run_reuses_freed_memory_without_page_faults(keep, tiny_model_dir, nli_files, tmp_path):
@@ -20,3 +21,12 @@ def test_cpu_run_reuses_freed_memory_without_page_faults(keep, tiny_model_dir, n
         assert faults < PAGES_IN_64_MB // 10
     else:  # glibc maps the block afresh and the kernel faults in every page
         assert faults > PAGES_IN_64_MB // 2
+
+
+def test_keep_freed_memory_auto_follows_the_training_precision():
+    # Measured faster per step where the CPU trains in bf16, slower in fp32; GPUs have no use for it.
+    assert resolve_keep_freed_memory("auto", "cpu", "bf16") == "true"
+    assert resolve_keep_freed_memory("auto", "cpu", "no") == "false"
+    assert resolve_keep_freed_memory("auto", "cuda", "bf16") == "false"
+    assert resolve_keep_freed_memory("true", "cpu", "no") == "true"
+    assert resolve_keep_freed_memory("false", "cpu", "bf16") == "false"

@@ -10,9 +10,8 @@ import torch
 from finetune.config import ConfigError
 from finetune.mnli import main
 from finetune.tasks import GLUE_TASKS
-from tests.conftest import N_VALIDATION, PYTHON, read_jsonl, reset_accelerate, run_cli, tiny_args
+from tests.helpers import N_VALIDATION, PYTHON, free_port, read_jsonl, reset_accelerate, run_cli, tiny_args
 from tests.task_data import write_task_files
-from tests.test_distributed import free_port
 
 
 @pytest.fixture(scope="module")

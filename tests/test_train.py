@@ -8,7 +8,8 @@ import torch
 
 from finetune.config import ConfigError
 from finetune.mnli import main
-from tests.conftest import (
+from finetune.padding_free import cpu_has_amx
+from tests.helpers import (
     N_VALIDATION,
     assert_same_weights,
     read_jsonl,
@@ -76,7 +77,9 @@ def test_train_config_json_is_the_resolved_configuration(trained):
     config = json.loads((output_dir / "train_config.json").read_text())
     assert config["num_train_epochs"] == 3 and config["per_device_train_batch_size"] == 16
     assert config["world_size"] == 1 and config["mixed_precision"] == "no"
-    assert config["dropout_kernel"] == "packed" and config["padding_free"] == "true"  # auto, on CPU
+    assert config["dropout_kernel"] == "packed"  # auto, on CPU
+    assert config["padding_free"] == ("false" if cpu_has_amx() else "true")  # auto, on CPU
+    assert config["keep_freed_memory"] == "false"  # auto, in fp32
     assert config["plan"]["total_updates"] == 114
 
 
@@ -181,34 +184,30 @@ def test_mfu_is_logged_against_the_given_peak(trained, tiny_model_dir, nli_files
 
 
 @pytest.mark.slow
-def test_torch_compile_trains_and_saves_loadable_weights(tiny_model_dir, nli_files, tmp_path):
-    """Compiled (~1 min on CPU): the exported weights carry the model's own names (no compile
-    wrapper prefix), have trained, and evaluate to the accuracy the run reported."""
-    out = tmp_path / "out"
-    results = main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "6", "--torch_compile"))
-    reset_accelerate()
-    assert results["global_step"] == 6
-    trained_weights, initial = weights(out), weights(tiny_model_dir)
-    assert trained_weights.keys() == initial.keys()
-    assert not torch.equal(trained_weights["classifier.weight"], initial["classifier.weight"])
-    evaluated = main(
-        ["--model_name_or_path", str(out), "--validation_file", str(nli_files["validation"]),
-         "--do_train", "false", "--output_dir", str(tmp_path / "eval"), "--report_to", "none",
-         "--mixed_precision", "no", "--max_length", "64"]
-    )  # fmt: skip
-    assert evaluated["eval_matched_accuracy"] == results["eval_matched_accuracy"]
-
-
-@pytest.mark.slow
-def test_compiled_run_resumes_with_or_without_compile(tiny_model_dir, nli_files, tmp_path):
-    """A --torch_compile checkpoint (~2 min on CPU) resumes compiled, or eager to debug it: weights and
-    optimizer state load under the model's own names and the run ends where the unbroken one did.
-    Dropout is off: inductor draws its masks from its own generator, so eager would draw others."""
+def test_torch_compile_trains_exports_and_resumes_with_or_without_compile(
+    tiny_model_dir, nli_files, tmp_path
+):
+    """Compiled (~1-2 min on CPU): the exported weights carry the model's own names (no compile
+    wrapper prefix), have trained, and evaluate to the accuracy the run reported. Its checkpoint
+    resumes compiled, or eager to debug it: weights and optimizer state load under the model's own
+    names and the run ends where the unbroken one did. Dropout is off: inductor draws its masks from
+    its own generator, so eager would draw others."""
     model_dir = without_dropout(tiny_model_dir, tmp_path / "model")
     full = tmp_path / "full"
     args = ["--max_train_steps", "6", "--checkpointing_steps", "3", "--logging_steps", "1"]
-    main(tiny_args(model_dir, nli_files, full, *args, "--torch_compile"))
+    results = main(tiny_args(model_dir, nli_files, full, *args, "--torch_compile"))
     reset_accelerate()
+    assert results["global_step"] == 6
+    trained_weights, initial = weights(full), weights(model_dir)
+    assert trained_weights.keys() == initial.keys()
+    assert not torch.equal(trained_weights["classifier.weight"], initial["classifier.weight"])
+    evaluated = main(
+        ["--model_name_or_path", str(full), "--validation_file", str(nli_files["validation"]),
+         "--do_train", "false", "--output_dir", str(tmp_path / "eval"), "--report_to", "none",
+         "--mixed_precision", "no", "--max_length", "64"]
+    )  # fmt: skip
+    reset_accelerate()
+    assert evaluated["eval_matched_accuracy"] == results["eval_matched_accuracy"]
     for compile_flags in (["--torch_compile"], []):
         resumed = tmp_path / f"resumed{len(compile_flags)}"
         resumed.mkdir()

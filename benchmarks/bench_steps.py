@@ -16,7 +16,7 @@ drift hits both alike:
                  Accelerate loop of `make bench`, on one model, optimizer and loader: each side runs
                  --batches steps in turn, --repeats rounds, both on the same epoch's batches in a round
 
-    python -m finetune.bench_steps [--compare padding_free] [--batches 62] [--repeats 2]
+    python -m benchmarks.bench_steps [--compare padding_free] [--batches 62] [--repeats 2]
 
 glibc's malloc settings are process-wide, so each side sets its own before every step.
 """
@@ -34,11 +34,17 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 from transformers.trainer_pt_utils import LengthGroupedSampler as TrainerLengthGroupedSampler
 
-from finetune.bench import SHARED_MNLI, _packaged_minilm, _tokenized, bare_step
+from benchmarks.bench import SHARED_MNLI, _packaged_minilm, _tokenized, bare_step
 from finetune.data import LengthGroupedSampler
 from finetune.kernels import use_packed_dropout
 from finetune.padding_free import ROWS_MULTIPLE, use_padding_free
-from finetune.runtime import keep_freed_memory, resolve_mixed_precision
+from finetune.runtime import (
+    _M_MMAP_MAX,
+    _M_TRIM_THRESHOLD,
+    _glibc_mallopt,
+    keep_freed_memory,
+    resolve_mixed_precision,
+)
 
 
 class Setup(NamedTuple):
@@ -177,6 +183,15 @@ def compare_loop(args) -> None:
     )
 
 
+def _glibc_static_defaults() -> None:
+    """glibc's starting thresholds, for an A/B inside one process. Not quite the default: setting them
+    switches off glibc's adaptive mmap threshold, so this side is a lower bound of what keeping costs."""
+    mallopt = _glibc_mallopt()
+    if mallopt is not None:
+        mallopt(_M_MMAP_MAX, 65536)
+        mallopt(_M_TRIM_THRESHOLD, 128 * 1024)
+
+
 class _Side:
     def __init__(self, setup: Setup, seed: int, bf16: bool):
         torch.manual_seed(seed)
@@ -190,7 +205,10 @@ class _Side:
         self.bf16, self.keep_freed = bf16, setup.keep_freed
 
     def step(self, batch: dict) -> float:
-        keep_freed_memory(self.keep_freed)
+        if self.keep_freed:
+            keep_freed_memory()
+        else:
+            _glibc_static_defaults()
         started = time.perf_counter()
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):

