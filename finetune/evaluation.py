@@ -29,20 +29,28 @@ def loss_sum(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Te
     return F.cross_entropy(logits.float(), labels, reduction="sum")
 
 
-def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task) -> dict:
+class EvaluationAbandoned(Exception):
+    """A stop signal arrived during evaluation: it is dropped, not finished, so the checkpoint comes
+    within seconds (a preemption notice gives ~30 s)."""
+
+
+def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, should_stop=None) -> dict:
     """Collective: the task's metrics and the row count of every evaluation split, as
-    `eval_<metric>` (`eval_matched_<metric>` for MNLI's splits) and `eval_<split>_samples`."""
+    `eval_<metric>` (`eval_matched_<metric>` for MNLI's splits) and `eval_<split>_samples`.
+
+    `should_stop` (collective too) is asked before every batch; when it says yes,
+    `EvaluationAbandoned` is raised on every rank."""
     results = {}
     for split, loader in eval_loaders.items():
-        scores = evaluate(accelerator, model, loader, metric, task)
+        scores = evaluate(accelerator, model, loader, metric, task, should_stop)
         results.update({eval_key(split, m): scores[m] for m in task.metrics})
         results[eval_key(split, "samples")] = scores["samples"]
     return results
 
 
-def evaluate(accelerator, model, loader, metric, task: Task) -> dict:
+def evaluate(accelerator, model, loader, metric, task: Task, should_stop=None) -> dict:
     """Collective: metrics over the whole split, each row counted exactly once across ranks."""
-    references, logits = _gathered_logits(accelerator, model, loader, "labels")
+    references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop)
     predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(dim=-1)
     scores = metric.compute(predictions=predictions.numpy(), references=references.numpy())
     return {**{k: float(v) for k, v in scores.items()}, "samples": len(references)}
@@ -70,7 +78,9 @@ def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]
     ]
 
 
-def _gathered_logits(accelerator, model, loader, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _gathered_logits(
+    accelerator, model, loader, key: str, should_stop=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Collective: fp32 logits of every row with the batch's `key` column (labels, row numbers),
     gathered from all ranks; gather_for_metrics drops the rows Accelerate repeated to give every
     rank equal batches."""
@@ -78,6 +88,9 @@ def _gathered_logits(accelerator, model, loader, key: str) -> tuple[torch.Tensor
     keys, outputs = [], []
     with torch.no_grad():
         for batch in loader:
+            if should_stop is not None and should_stop():  # every rank, at the same batch
+                model.train()
+                raise EvaluationAbandoned
             key_values = batch.pop(key)
             logits = model(**batch).logits.float()
             key_values, logits = accelerator.gather_for_metrics((key_values, logits))

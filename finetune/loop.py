@@ -19,7 +19,7 @@ from finetune.checkpoint import (
     save_checkpoint,
 )
 from finetune.config import TrainConfig
-from finetune.evaluation import evaluate_splits, load_metric, loss_sum
+from finetune.evaluation import EvaluationAbandoned, evaluate_splits, load_metric, loss_sum
 from finetune.runtime import StopSignals, TrainingFailed, TrainingInterrupted
 from finetune.steps import StepPlan
 from finetune.tasks import Task
@@ -85,6 +85,8 @@ def train(run: Run, stop: StopSignals):
                 else run.train_loader
             )
             for batch in batches:
+                if state.global_step >= plan.total_updates:  # also: resumed after the last step
+                    break
                 labels = batch.pop("labels")
                 with accelerator.accumulate(model):
                     summed = loss_sum(model(**batch).logits, labels, run.task)
@@ -110,10 +112,12 @@ def train(run: Run, stop: StopSignals):
                                 loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_second']:.0f}"
                             )
                         _checkpoint_or_stop(run, stop)  # collective
-                if state.global_step >= plan.total_updates:
-                    break
             eval_tic = time.perf_counter()
-            last_eval = _evaluate_and_keep_best(run, metric, epoch)  # collective
+            try:
+                last_eval = _evaluate_and_keep_best(run, metric, epoch, stop)  # collective
+            except EvaluationAbandoned:  # on every rank: checkpoint the finished epoch and leave
+                signal_name = stop.received or "SIGTERM"  # a peer's signal; preemption is the usual cause
+                raise TrainingInterrupted(signal_name, state.global_step, _save(run)) from None
             meter.since = time.perf_counter()
             eval_seconds += meter.since - eval_tic  # evaluation time is not training throughput
             state.epoch, state.micro_batches_in_epoch = epoch + 1, 0
@@ -214,14 +218,14 @@ def _save(run: Run) -> Path:
     )
 
 
-def _evaluate_and_keep_best(run: Run, metric, epoch: int) -> dict:
-    """Collective: the end-of-epoch evaluation, logged; a new best is exported to best_model/."""
+def _evaluate_and_keep_best(run: Run, metric, epoch: int, stop: StopSignals) -> dict:
+    """Collective: the end-of-epoch evaluation, logged; a new best is exported to best_model/.
+    A stop signal abandons it (`EvaluationAbandoned`)."""
     accelerator, config, state = run.accelerator, run.config, run.state
-    result = {
-        "step": state.global_step,
-        "epoch": epoch + 1,
-        **evaluate_splits(accelerator, run.model, run.eval_loaders, metric, run.task),
-    }
+    scores = evaluate_splits(
+        accelerator, run.model, run.eval_loaders, metric, run.task, lambda: stop.requested(accelerator)
+    )
+    result = {"step": state.global_step, "epoch": epoch + 1, **scores}
     if accelerator.is_main_process:
         run.log.log(result)
     score = result[config.metric_for_best_model]

@@ -12,24 +12,64 @@ def trackers_for(report_to: str) -> list[str]:
     return {"none": [], "all": ["wandb", "tensorboard"]}.get(report_to, [report_to])
 
 
+WANDB_PROBE_S = 3.0
+"""How long the start waits for the W&B server to answer before logging offline instead."""
+
+
 def wandb_offline_notice(trackers: list[str]) -> str | None:
-    """Switch W&B to offline mode when no API key is configured, instead of prompting for one.
+    """Switch W&B to offline mode when it can't work online, instead of prompting for a key, failing
+    on a malformed one, or waiting minutes for a server that does not answer.
 
     Called on every rank before the Accelerator exists (only rank 0 will start W&B). Returns the
-    one-line notice to print, or None when W&B is not used or is configured already.
+    one-line notice to print, or None when W&B is not used, is told its mode, or can go online.
     """
-    if "wandb" not in trackers or os.environ.get("WANDB_MODE") or os.environ.get("WANDB_API_KEY"):
+    if "wandb" not in trackers or os.environ.get("WANDB_MODE"):
         return None
-    try:
-        if netrc.netrc().authenticators("api.wandb.ai"):
-            return None
-    except (OSError, netrc.NetrcParseError):
-        pass
+    key = os.environ.get("WANDB_API_KEY") or _netrc_key()
+    if not key:
+        reason = "no API key configured"
+    elif problem := _key_problem(key):
+        reason = f"the API key is not valid ({problem.rstrip('.')})"
+    elif not _answers(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"), WANDB_PROBE_S):
+        reason = f"its server did not answer within {WANDB_PROBE_S:.0f} s"
+    else:
+        return None
     os.environ["WANDB_MODE"] = "offline"
     return (
-        "W&B: no API key configured, logging offline to <output_dir>/wandb "
+        f"W&B: {reason}, logging offline to <output_dir>/wandb "
         "(`wandb login` then `wandb sync` uploads it; --report_to none turns it off)"
     )
+
+
+def _netrc_key() -> str | None:
+    try:
+        found = netrc.netrc().authenticators("api.wandb.ai")
+    except (OSError, netrc.NetrcParseError):
+        return None
+    return found[2] if found else None
+
+
+def _key_problem(key: str) -> str | None:
+    """W&B's own format check of a key (no network), where this wandb version has it."""
+    try:
+        from wandb.sdk.lib.wbauth.validation import check_api_key
+    except ImportError:
+        return None
+    return check_api_key(key)
+
+
+def _answers(url: str, timeout_s: float) -> bool:
+    """Whether an HTTP(S) server at `url` answers at all (any status) within the timeout."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(url, timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        return True  # it answered, if only with an error status
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def start_trackers(
@@ -42,14 +82,25 @@ def start_trackers(
     # Trackers take flat scalars (TensorBoard's hparams reject None and nested values).
     flat = {**resolved, **resolved.get("plan", {})}
     wandb_kwargs = {"dir": str(output_dir)} | ({"id": run_id, "resume": "allow"} if run_id else {})
-    accelerator.init_trackers(
-        project_name,
-        config={k: v for k, v in flat.items() if isinstance(v, (int, float, str, bool))},
-        init_kwargs={"wandb": wandb_kwargs},
-    )
+    scalars = {k: v for k, v in flat.items() if isinstance(v, (int, float, str, bool))}
+    try:
+        accelerator.init_trackers(project_name, config=scalars, init_kwargs={"wandb": wandb_kwargs})
+    except Exception as error:  # wandb's own errors (a key the server refuses, a lost network)
+        if not _is_wandb_error(error) or os.environ.get("WANDB_MODE") == "offline":
+            raise
+        print(
+            f"W&B: {type(error).__name__} ({str(error).strip()[:120]}), logging offline to <output_dir>/wandb"
+        )
+        os.environ["WANDB_MODE"] = "offline"
+        accelerator.trackers = []
+        accelerator.init_trackers(project_name, config=scalars, init_kwargs={"wandb": wandb_kwargs})
     if accelerator.is_main_process and any(t.name == "wandb" for t in accelerator.trackers):
         return accelerator.get_tracker("wandb", unwrap=True).id
     return run_id
+
+
+def _is_wandb_error(error: Exception) -> bool:
+    return any(cls.__module__.startswith("wandb") for cls in type(error).__mro__)
 
 
 class MetricsLog:

@@ -35,19 +35,6 @@ def test_accelerate_launch_with_the_cpu_config(tiny_model_dir, nli_files, tmp_pa
     assert results_of(out)["world_size"] == 1
 
 
-def test_wandb_without_api_key_goes_offline_with_a_notice(tiny_model_dir, nli_files, tmp_path):
-    out = tmp_path / "out"
-    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2")
-    args[args.index("--report_to") + 1] = "wandb"
-    env = {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": "", "NETRC": str(tmp_path / "none")}
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    done = run_cli([PYTHON, "finetune/mnli.py", *args], env={**clean, **env, "WANDB_SILENT": "true"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "W&B: no API key configured, logging offline" in done.stdout
-    runs = list((out / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
-
-
 def test_demo_data_module_is_runnable(tmp_path):
     done = run_cli(
         [PYTHON, "-m", "finetune.demo_data", str(tmp_path), "--n_train", "30", "--n_validation", "9"]

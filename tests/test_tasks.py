@@ -191,7 +191,7 @@ def test_tracker_selection(tiny_model_dir, nli_files, tmp_path, report_to, wandb
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--task_name", "sst3"], "--task_name must be one of cola, sst2"),
+        (["--task_name", "sst3"], "--task_name: invalid choice: .sst3. \\(choose from .cola., .sst2."),
         (["--task_name", "custom"], "--task_name custom needs --text_columns"),
         (["--task_name", "sst2", "--validation_mismatched_file", "x.jsonl"], "for MNLI only"),
         (["--text_columns", "a,b,c"], "--text_columns takes 1 or 2"),

@@ -1,13 +1,16 @@
 """End to end, in process: the real entry point trains a tiny BERT on a few hundred pairs."""
 
 import json
+import os
 import shutil
+import signal
+import time
 
 import pytest
 import torch
 
 from finetune.config import ConfigError
-from finetune.mnli import main
+from finetune.mnli import cli, main, setup
 from finetune.padding_free import cpu_has_amx
 from tests.helpers import (
     N_VALIDATION,
@@ -130,6 +133,49 @@ def test_resume_mid_epoch_ends_bitwise_equal(tiny_model_dir, nli_files, tmp_path
     after = [r for r in read_jsonl(resumed / "metrics.jsonl") if "loss" in r]
     before = {r["step"]: r["loss"] for r in read_jsonl(full / "metrics.jsonl") if "loss" in r}
     assert after and all(r["loss"] == before[r["step"]] for r in after)
+
+
+def test_sigterm_during_evaluation_abandons_it_and_resumes_exactly(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """Preemption while evaluating: the evaluation is dropped, not finished, the finished epoch is
+    checkpointed within seconds, and the resumed run evaluates again and ends as an unbroken run."""
+    args = ["--num_train_epochs", "2"]
+    full = tmp_path / "full"
+    main(tiny_args(tiny_model_dir, nli_files, full, *args))
+    reset_accelerate()
+
+    signalled_at = []
+
+    def build(config):
+        run = setup(config)
+
+        def sigterm_in_first_evaluation(module, inputs):
+            if not module.training and not signalled_at:
+                signalled_at.append(time.perf_counter())
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        run.model.register_forward_pre_hook(sigterm_in_first_evaluation)
+        return run
+
+    killed = tmp_path / "killed"
+    assert cli(tiny_args(tiny_model_dir, nli_files, killed, *args), build) == 143
+    assert time.perf_counter() - signalled_at[0] < 10  # a preemption notice gives ~30 s
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"stopped by SIGTERM after step 38; checkpoint saved to {killed / 'checkpoint-38'}; "
+        "continue with the same command plus --resume_from_checkpoint auto"
+    )
+    assert not [r for r in read_jsonl(killed / "metrics.jsonl") if "eval_matched_accuracy" in r]
+    reset_accelerate()
+
+    results = main(tiny_args(tiny_model_dir, nli_files, killed, *args, "--resume_from_checkpoint", "auto"))
+    assert results["global_step"] == 76
+    assert [r["step"] for r in read_jsonl(killed / "metrics.jsonl") if "eval_matched_accuracy" in r] == [
+        38,
+        76,
+    ]
+    a, b = weights(full), weights(killed)
+    assert all(torch.equal(a[name], b[name]) for name in a)
 
 
 def test_save_total_limit_keeps_the_newest(tiny_model_dir, nli_files, tmp_path):

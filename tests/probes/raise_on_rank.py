@@ -1,0 +1,25 @@
+"""finetune in which rank $RANK_TO_FAIL raises an unexpected error at optimizer step $AT (a bug, a bad
+batch, a failing disk), while its peers go on into the next collective."""
+
+import os
+import sys
+
+from finetune.mnli import cli, setup
+
+failing_rank, at = int(os.environ["RANK_TO_FAIL"]), int(os.environ["AT"])
+
+
+def setup_with_failure(config):
+    run = setup(config)
+    step = run.scheduler.step
+
+    def step_or_fail():
+        if run.accelerator.process_index == failing_rank and run.state.global_step + 1 == at:
+            raise RuntimeError(f"injected failure on rank {failing_rank} at step {at}")
+        step()
+
+    run.scheduler.step = step_or_fail
+    return run
+
+
+sys.exit(cli(sys.argv[1:], setup_with_failure))
