@@ -9,17 +9,21 @@ import os
 import pickle
 import re
 import shutil
+import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from accelerate.utils import load as safe_load  # torch.load(weights_only=True) plus numpy's RNG types
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 
 from finetune.config import ConfigError
 from finetune.runtime import TrainingFailed
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
+MANIFEST = "manifest.json"
+"""{file: bytes} of what save_state wrote (not the state file, which is checked by parsing it): resume
+checks the sizes."""
 BEST_MODEL_DIR = "best_model"
 
 
@@ -43,12 +47,45 @@ class TrainState:
     """W&B run id: a resumed run continues the same W&B run."""
     model_signature: str | None = None
     """Model name, parameter count and a hash of parameter names and shapes; resume checks it."""
+    training: dict | None = None
+    """What makes a resumed run the same run (task, labels, batch plan, schedule, seed); resume checks it."""
 
 
 def model_signature(model_name_or_path: str, model) -> str:
     shapes = hashlib.sha256(repr([(n, tuple(p.shape)) for n, p in model.named_parameters()]).encode())
     count = sum(p.numel() for p in model.parameters())
     return f"{model_name_or_path} ({count:,} parameters, shapes {shapes.hexdigest()[:12]})"
+
+
+# What `training` holds, and how a message names each entry.
+TRAINING_KEYS = {
+    "task_name": "--task_name",
+    "labels": "labels",
+    "per_device_train_batch_size": "--per_device_train_batch_size",
+    "gradient_accumulation_steps": "--gradient_accumulation_steps",
+    "world_size": "processes",
+    "total_updates": "total optimizer steps",
+    "learning_rate": "--learning_rate",
+    "lr_scheduler_type": "--lr_scheduler_type",
+    "seed": "--seed",
+    "max_length": "--max_length",
+}
+
+
+def training_config(config, task, plan, world_size: int) -> dict:
+    """This run's `TrainState.training`: a checkpoint resumes only into a run with the same one."""
+    return {
+        "task_name": task.name,
+        "labels": "/".join(task.label_names) if task.label_names else "none (regression)",
+        "per_device_train_batch_size": config.per_device_train_batch_size,
+        "gradient_accumulation_steps": config.gradient_accumulation_steps,
+        "world_size": world_size,
+        "total_updates": plan.total_updates,
+        "learning_rate": config.learning_rate,
+        "lr_scheduler_type": config.lr_scheduler_type,
+        "seed": config.seed,
+        "max_length": config.max_length,
+    }
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -76,6 +113,13 @@ def save_checkpoint(
         accelerator.save_state(str(staging))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
+            # Listed after every rank's save_state: each rank wrote its own RNG file.
+            sizes = {
+                str(f.relative_to(staging)): f.stat().st_size
+                for f in sorted(staging.rglob("*"))
+                if f.is_file()
+            }
+            (staging / MANIFEST).write_text(json.dumps(sizes, indent=2))
             record = {**asdict(state), "world_size": world_size}
             (staging / STATE_FILE).write_text(json.dumps(record, indent=2))
             if final.exists():
@@ -145,24 +189,117 @@ def check_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> None:
             f"--output_dir {output_dir} holds a finished run (results.json); pass --overwrite_output_dir "
             "or choose another folder"
         )
+    earlier = complete_checkpoints(output_dir)
+    if earlier and not (overwrite or resuming):
+        raise ConfigError(
+            f"--output_dir {output_dir} holds checkpoints of an earlier run ({earlier[-1].name}); continue "
+            "it with --resume_from_checkpoint auto, pass --overwrite_output_dir to remove them and start "
+            "over, or choose another folder"
+        )
+
+
+def remove_earlier_run(output_dir: Path) -> None:
+    """--overwrite_output_dir without resuming: rank 0 removes what the earlier run left (after taking
+    the lock, so never under a live run): its checkpoints, best model, metrics and results."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    checkpoints = [p for p in output_dir.glob(f"{PREFIX}*") if p.name[len(PREFIX) :].isdigit()]
+    found = [*checkpoints, *output_dir.glob(f".{PREFIX}*.partial")]
+    found += [
+        p for p in (output_dir / n for n in (BEST_MODEL_DIR, "metrics.jsonl", "results.json")) if p.exists()
+    ]
+    for p in found:
+        try:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        except OSError as error:
+            raise ConfigError(
+                f"--overwrite_output_dir: cannot remove {p} ({error.strerror}); remove it yourself or choose "
+                "another --output_dir"
+            ) from None
+    if found:
+        others = [p.name for p in found if p not in checkpoints]
+        listed = "".join(f", {name}" for name in others)
+        print(
+            f"--overwrite_output_dir: removed the earlier run's {len(checkpoints)} checkpoint(s){listed} "
+            f"from {output_dir}"
+        )
 
 
 def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
+    """The checkpoint to resume, verified. `auto` skips a damaged one (with a one-line notice) for the
+    newest intact one; an explicit damaged one is refused."""
     if resume_from_checkpoint is None:
         return None
     if resume_from_checkpoint == "auto":
         found = complete_checkpoints(output_dir)
-        return found[-1] if found else None
+        for candidate in reversed(found):
+            problem = damage(candidate)
+            if problem is None:
+                return candidate
+            if int(os.environ.get("RANK", "0")) == 0:  # before the Accelerator exists
+                print(f"--resume_from_checkpoint auto: skipping {candidate}: {problem}", flush=True)
+        if found:
+            raise ConfigError(
+                f"--resume_from_checkpoint auto: every checkpoint in {output_dir} is damaged; start over "
+                "with --overwrite_output_dir instead, or choose another --output_dir"
+            )
+        return None
     path = Path(resume_from_checkpoint)
     if not (path / STATE_FILE).is_file():
         raise ConfigError(
             f"--resume_from_checkpoint {path}: not a complete checkpoint (no {STATE_FILE}); "
             f"use 'auto' to take the newest complete one in --output_dir"
         )
+    problem = damage(path)
+    if problem:
+        raise ConfigError(
+            f"--resume_from_checkpoint {path}: {problem}; give an earlier checkpoint, or 'auto' for the "
+            "newest intact one in --output_dir"
+        )
     return path
 
 
-def load_checkpoint(accelerator, path: Path, world_size: int, signature: str) -> TrainState:
+def damage(path: Path) -> str | None:
+    """What is wrong with a published checkpoint ("<file> is damaged (...)"), or None: the sizes its
+    manifest lists (none before manifests existed), safetensors headers that parse, pickles that load."""
+    records = {}
+    for name in (STATE_FILE, MANIFEST):
+        if name == STATE_FILE or (path / name).exists():
+            try:
+                records[name] = json.loads((path / name).read_text())
+            except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+                return f"{name} is damaged (not readable JSON)"
+    problems = []  # the manifest's word first; every pickle is still loaded, to refuse one that runs code
+    for name, size in records.get(MANIFEST, {}).items():
+        actual = (path / name).stat().st_size if (path / name).is_file() else None
+        if actual is None:
+            problems.append(f"{name} is missing (listed in {MANIFEST})")
+        elif actual != size:
+            what = f"truncated: {actual:,} of" if actual < size else f"{actual:,} bytes, written as"
+            problems.append(f"{name} is damaged ({what} {size:,} bytes)")
+    for file in sorted([*path.glob("*.safetensors"), *path.glob("*.bin"), *path.glob("*.pkl")]):
+        try:
+            if file.stat().st_size == 0:
+                raise EOFError("empty")
+            if file.suffix == ".safetensors":
+                with safe_open(file, framework="pt"):  # parses the header, checks it covers the file
+                    pass
+            else:  # mmap: reads the pickle and the archive's index, not the tensors
+                safe_load(file, map_location="cpu", mmap=zipfile.is_zipfile(file))
+        except pickle.UnpicklingError:
+            raise ConfigError(
+                f"--resume_from_checkpoint {path}: {file.name} holds Python objects other than tensors and "
+                "plain data; refusing to unpickle it (only resume from checkpoints you trust)"
+            ) from None
+        except Exception as error:  # torch says "damaged" as RuntimeError, EOFError, ValueError...
+            text = (
+                (str(error) or "ends early") if isinstance(error, EOFError) else _reason(error).split(". ")[0]
+            )
+            problems.append(f"{file.name} is damaged ({text or type(error).__name__})")
+    return problems[0] if problems else None
+
+
+def load_checkpoint(accelerator, path: Path, world_size: int, signature: str, training: dict) -> TrainState:
     record = json.loads((path / STATE_FILE).read_text())
     if record.get("model_signature") not in (None, signature):
         raise ConfigError(
@@ -174,6 +311,16 @@ def load_checkpoint(accelerator, path: Path, world_size: int, signature: str) ->
         raise ConfigError(
             f"--resume_from_checkpoint {path}: saved with {saved_world_size} processes, this run has "
             f"{world_size}; exact resume needs the same number"
+        )
+    saved = record.get("training") or {}  # None: saved before runs recorded it
+    differ = [key for key in TRAINING_KEYS if key in saved and saved[key] != training[key]]
+    if differ:
+        then, now = (
+            ", ".join(f"{TRAINING_KEYS[k]} {values[k]}" for k in differ) for values in (saved, training)
+        )
+        raise ConfigError(
+            f"--resume_from_checkpoint {path} was saved by a run with {then}; this run has {now}; resume "
+            "with that run's settings, or start a new run (--overwrite_output_dir or another --output_dir)"
         )
     # accelerate's load_state swallows any failure to restore the RNG states, which silently
     # breaks exact resume; so each rank first loads its own file the same safe way and fails loudly.

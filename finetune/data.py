@@ -354,6 +354,9 @@ def build_dataloaders(
             inputs,
             batch_size=config.per_device_eval_batch_size,
             sampler=sorted(range(len(lengths)), key=lengths.__getitem__),
+            # Starting an iteration draws a seed: from its own generator, not the global RNG that
+            # dropout uses, so an evaluation (or one abandoned at a stop signal) leaves training as is.
+            generator=torch.Generator().manual_seed(config.seed),
             **common,
         )
     return loaders

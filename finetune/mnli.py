@@ -26,13 +26,16 @@ from finetune.checkpoint import (
     export_model,
     load_checkpoint,
     model_signature,
+    remove_earlier_run,
     resolve_resume,
+    training_config,
     writing,
 )
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
 from finetune.data import build_dataloaders, load_splits, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
 from finetune.kernels import use_packed_dropout
+from finetune.lock import release_lock, take_lock
 from finetune.loop import Run, model_flops_utilization, train
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
 from finetune.padding_free import resolve_padding_free, use_padding_free
@@ -85,6 +88,9 @@ def run_config(config: TrainConfig, build=None) -> dict:
             print(stopped, file=sys.stderr, flush=True)
         close(run)  # every rank stopped at the same step, so they can leave together
         raise
+    except BaseException:
+        release_lock(config.output_dir)  # a failed run leaves the folder to the next one
+        raise
     close(run)
     return results
 
@@ -95,6 +101,17 @@ def setup(config: TrainConfig) -> Run:
     output_dir = Path(config.output_dir)
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     check_output_dir(output_dir, config.overwrite_output_dir, resuming=resume is not None)
+    take_lock(output_dir)  # rank 0: one run per output folder, until close()
+    try:
+        if config.overwrite_output_dir and resume is None:
+            remove_earlier_run(output_dir)
+        return _setup(config, output_dir, resume, started_s)
+    except BaseException:
+        release_lock(output_dir)
+        raise
+
+
+def _setup(config: TrainConfig, output_dir: Path, resume: Path | None, started_s: float) -> Run:
     trackers = trackers_for(config.report_to)
     wandb_notice = wandb_offline_notice(trackers)
     accelerator = build_accelerator(config, trackers)
@@ -139,8 +156,9 @@ def setup(config: TrainConfig) -> Run:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     loaders = {name: accelerator.prepare(loader) for name, loader in loaders.items()}
     train_loader, test_loader = loaders.pop("train", None), loaders.pop("test", None)
-    state = load_checkpoint(accelerator, resume, world_size, signature) if resume else TrainState()
-    state.model_signature = signature
+    training = training_config(config, task, plan, world_size)
+    state = load_checkpoint(accelerator, resume, world_size, signature, training) if resume else TrainState()
+    state.model_signature, state.training = signature, training
 
     resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan)}
     state.tracker_run_id = start_trackers(
@@ -253,6 +271,7 @@ def close(run: Run) -> None:
     run.eval_loaders = {}
     accelerator.free_memory()
     accelerator.end_training()
+    release_lock(run.config.output_dir)
 
 
 if __name__ == "__main__":

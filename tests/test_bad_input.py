@@ -8,6 +8,7 @@ from a fresh interpreter and for what needs a process of its own (a launcher, a 
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -315,8 +316,9 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(
 ):
     """A real write error: RLIMIT_FSIZE makes the 8 MB optimizer file fail with EFBIG, as a full disk does."""
     out = tmp_path / "out"
-    main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "5", "--checkpointing_steps", "5"))
-    (out / "results.json").unlink()
+    main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "10", "--checkpointing_steps", "5"))
+    (out / "results.json").unlink()  # as if it had stopped after step 5
+    shutil.rmtree(out / "checkpoint-10")
     kept = snapshot(out / "checkpoint-5")
     args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "10", "--checkpointing_steps", "5",
                      "--resume_from_checkpoint", "auto")  # fmt: skip

@@ -1,0 +1,229 @@
+"""Checkpoints a resume can trust and output folders one run owns (#24): a damaged checkpoint is
+skipped (auto) or refused (explicit); a folder of an earlier run is resumed or cleared on purpose,
+and only by a run of the same configuration; a live run's folder is refused, a dead run's taken over.
+
+In process, a 4-step run with a checkpoint every 2 steps; every refusal leaves the folder as it was.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+from datetime import datetime
+
+import pytest
+import torch
+
+from finetune.checkpoint import damage
+from finetune.lock import LOCK_FILE, take_lock
+from finetune.mnli import cli, main, setup
+from tests.helpers import reset_accelerate, tiny_args, weights
+from tests.test_bad_input import fails_cleanly, snapshot, with_flag
+
+STEPS = ["--max_train_steps", "4", "--checkpointing_steps", "2"]
+HOST = socket.gethostname()
+
+
+@pytest.fixture(scope="module")
+def unbroken(tiny_model_dir, nli_files, tmp_path_factory):
+    """The reference: 4 steps, never interrupted; checkpoint-2 and checkpoint-4 with manifests."""
+    out = tmp_path_factory.mktemp("unbroken") / "out"
+    main(tiny_args(tiny_model_dir, nli_files, out, *STEPS))
+    reset_accelerate()
+    assert not (out / LOCK_FILE).exists()  # a finished run leaves no lock
+    return out
+
+
+def died_after_step_4(unbroken, folder):
+    """The reference's checkpoints without its final outputs: a run that died after step 4."""
+    folder.mkdir()
+    for name in ("checkpoint-2", "checkpoint-4"):
+        shutil.copytree(unbroken / name, folder / name)
+    return folder
+
+
+DAMAGES = {  # file: what is left of it
+    "model.safetensors": lambda data: data[: len(data) // 2],
+    "optimizer.bin": lambda data: data[:-100],
+    "random_states_0.pkl": lambda data: b"",
+}
+
+
+def spoil(checkpoint, name) -> str:
+    """Damages one file; returns what the manifest check says about it."""
+    file = checkpoint / name
+    written = file.read_bytes()
+    file.write_bytes(DAMAGES[name](written))
+    return f"{name} is damaged (truncated: {file.stat().st_size:,} of {len(written):,} bytes)"
+
+
+@pytest.mark.parametrize("with_manifest", [True, False], ids=["manifest", "no-manifest"])
+@pytest.mark.parametrize("name", DAMAGES)
+def test_damage_is_found_with_or_without_a_manifest(name, with_manifest, unbroken, tmp_path):
+    checkpoint = shutil.copytree(unbroken / "checkpoint-4", tmp_path / "checkpoint-4")
+    if not with_manifest:  # written before manifests existed: accepted when its files load
+        (checkpoint / "manifest.json").unlink()
+    assert damage(checkpoint) is None
+    said = spoil(checkpoint, name)
+    found = damage(checkpoint)
+    if with_manifest:
+        assert found == said
+    else:  # the file itself must fail to parse or load
+        assert found.startswith(f"{name} is damaged (") and "truncated" not in found, found
+
+
+@pytest.mark.parametrize("name", DAMAGES)
+def test_auto_skips_a_damaged_checkpoint_and_ends_bitwise_equal(
+    name, unbroken, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    out = died_after_step_4(unbroken, tmp_path / "out")
+    (out / "checkpoint-2" / "manifest.json").unlink()  # an older checkpoint without a manifest still resumes
+    said = spoil(out / "checkpoint-4", name)
+    capsys.readouterr()
+    results = main(tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--resume_from_checkpoint", "auto"))
+    stdout = capsys.readouterr().out
+    assert [line for line in stdout.splitlines() if "skipping" in line] == [
+        f"--resume_from_checkpoint auto: skipping {out / 'checkpoint-4'}: {said}"
+    ]
+    assert f"resuming from {out / 'checkpoint-2'} at step 2" in stdout
+    assert results["global_step"] == 4
+    a, b = weights(unbroken), weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert damage(out / "checkpoint-4") is None  # rewritten by the resumed run
+    assert not (out / LOCK_FILE).exists()
+
+
+@pytest.mark.parametrize("name", DAMAGES)
+def test_an_explicit_damaged_checkpoint_is_refused(
+    name, unbroken, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    out = died_after_step_4(unbroken, tmp_path / "out")
+    checkpoint = out / "checkpoint-4"
+    said = spoil(checkpoint, name)
+    args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--resume_from_checkpoint", str(checkpoint))
+    last = fails_cleanly(args, out, "", capsys, exit_code=2)
+    assert last == (
+        f"error: --resume_from_checkpoint {checkpoint}: {said}; give an earlier checkpoint, or 'auto' for "
+        "the newest intact one in --output_dir"
+    )
+
+
+def test_auto_with_every_checkpoint_damaged_is_refused(unbroken, tiny_model_dir, nli_files, tmp_path, capsys):
+    out = died_after_step_4(unbroken, tmp_path / "out")
+    spoil(out / "checkpoint-2", "optimizer.bin")
+    spoil(out / "checkpoint-4", "model.safetensors")
+    args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--resume_from_checkpoint", "auto")
+    last = fails_cleanly(args, out, "", capsys, exit_code=2)
+    assert last == (
+        f"error: --resume_from_checkpoint auto: every checkpoint in {out} is damaged; start over with "
+        "--overwrite_output_dir instead, or choose another --output_dir"
+    )
+
+
+def test_a_fresh_start_over_an_earlier_runs_checkpoints_is_refused(
+    unbroken, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    out = died_after_step_4(unbroken, tmp_path / "out")
+    last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, out, *STEPS), out, "", capsys, exit_code=2)
+    assert last == (
+        f"error: --output_dir {out} holds checkpoints of an earlier run (checkpoint-4); continue it with "
+        "--resume_from_checkpoint auto, pass --overwrite_output_dir to remove them and start over, or "
+        "choose another folder"
+    )
+
+
+def test_overwrite_output_dir_removes_the_earlier_runs_outputs(
+    unbroken, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    out = died_after_step_4(unbroken, tmp_path / "out")
+    shutil.copytree(unbroken / "best_model", out / "best_model")
+    for name in ("metrics.jsonl", "results.json"):
+        shutil.copy(unbroken / name, out / name)
+    (out / ".checkpoint-6.partial").mkdir()
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "3", "--overwrite_output_dir"))
+    assert (
+        "--overwrite_output_dir: removed the earlier run's 2 checkpoint(s), .checkpoint-6.partial, "
+        f"best_model, metrics.jsonl, results.json from {out}"
+    ) in capsys.readouterr().out.splitlines()
+    assert not list(out.glob("checkpoint-*")) and not list(out.glob(".checkpoint-*"))
+    assert json.loads((out / "results.json").read_text())["global_step"] == 3
+    assert (out / "notes.txt").read_text() == "mine"  # not the earlier run's: kept
+
+
+def test_auto_refuses_a_checkpoint_of_another_learning_rate(
+    unbroken, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    out = died_after_step_4(unbroken, tmp_path / "out")
+    args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--resume_from_checkpoint", "auto")
+    last = fails_cleanly(with_flag(args, "--learning_rate", "1e-3"), out, "", capsys, exit_code=2)
+    assert last == (
+        f"error: --resume_from_checkpoint {out / 'checkpoint-4'} was saved by a run with --learning_rate "
+        "0.003; this run has --learning_rate 0.001; resume with that run's settings, or start a new run "
+        "(--overwrite_output_dir or another --output_dir)"
+    )
+
+
+def test_an_mnli_run_does_not_resume_a_custom_tasks_checkpoint(tiny_model_dir, nli_files, tmp_path, capsys):
+    rows = tmp_path / "tags.jsonl"
+    rows.write_text("".join(json.dumps({"text": f"t{i}", "tag": "abc"[i % 3]}) + "\n" for i in range(48)))
+    out = tmp_path / "out"
+    custom = ["--task_name", "custom", "--text_columns", "text", "--label_column", "tag", *STEPS]
+    main(tiny_args(tiny_model_dir, {"train": rows, "validation": rows}, out, *custom))
+    reset_accelerate()
+    args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--resume_from_checkpoint", "auto")
+    last = fails_cleanly(args, out, "", capsys, exit_code=2)
+    assert (
+        f"{out / 'checkpoint-4'} was saved by a run with --task_name custom, labels a/b/c; this run has "
+        "--task_name mnli, labels entailment/neutral/contradiction;"
+    ) in last
+
+
+def write_lock(folder, pid):
+    folder.mkdir(parents=True, exist_ok=True)
+    started = datetime.now().astimezone().isoformat()
+    (folder / LOCK_FILE).write_text(json.dumps({"pid": pid, "host": HOST, "started": started}))
+
+
+def test_a_folder_held_by_a_live_run_is_refused(tiny_model_dir, nli_files, tmp_path, capsys):
+    out = tmp_path / "out"
+    with subprocess.Popen(["sleep", "30"]) as other:
+        try:
+            write_lock(out, other.pid)
+            last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, out), out, "", capsys, exit_code=2)
+        finally:
+            other.kill()
+    assert last.startswith(f"error: --output_dir {out} is in use by another run (pid {other.pid} on {HOST}, ")
+    assert last.endswith("; wait for it to finish or choose another folder")
+
+
+def test_the_lock_of_a_run_that_is_gone_is_taken_over_then_released(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    write_lock(out, gone.pid)
+    held = {}
+
+    def build(config):
+        run = setup(config)
+        held.update(json.loads((out / LOCK_FILE).read_text()))
+        return run
+
+    capsys.readouterr()
+    assert cli(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2"), build) == 0
+    assert (
+        f"{out / LOCK_FILE}: taking over the lock of pid {gone.pid} on {HOST}, which is no longer running"
+        in capsys.readouterr().out.splitlines()
+    )
+    assert held["pid"] == os.getpid() and held["host"] == HOST
+    assert not (out / LOCK_FILE).exists()
+
+
+def test_only_rank_0_takes_the_lock(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    take_lock(tmp_path)
+    assert snapshot(tmp_path) == {}
