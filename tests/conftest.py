@@ -11,6 +11,10 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# One thread per process: the tiny models gain nothing from two, and two per process thrash when a
+# test's subprocess or a second rank shares the 2 cores (a run swung from 2 s to 80 s). Set before
+# torch is imported; subprocesses inherit it, so in-process and subprocess runs stay bitwise equal.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.pop("WANDB_MODE", None)
 
 from pathlib import Path  # noqa: E402

@@ -12,11 +12,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import BatchSampler
 
 from finetune.config import ConfigError
-from finetune.mnli import main
+from finetune.mnli import cli, main
 from finetune.runtime import check_world_size
 from tests.helpers import (
     N_VALIDATION,
@@ -60,6 +61,10 @@ def results_of(output_dir):
     return json.loads((output_dir / "results.json").read_text())
 
 
+def losses(output_dir) -> list[float]:
+    return [r["loss"] for r in read_jsonl(output_dir / "metrics.jsonl") if "loss" in r]
+
+
 @pytest.mark.parametrize(
     "launcher",
     [
@@ -80,12 +85,24 @@ def test_launchers_give_one_world_of_two(launcher, tiny_model_dir, nli_files, tm
     assert done.stdout.count("world_size=2") == 1  # the start-up summary comes from rank 0 only
 
 
-def test_two_ranks_agree_and_only_rank_zero_writes(tiny_model_dir, nli_files, tmp_path):
-    """The config file the tests document: identical replicas, every row evaluated once, one writer."""
-    out = tmp_path / "out"
-    args = tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "10")
+def documented_args(tiny_model_dir, nli_files, output_dir, *extra: str) -> list[str]:
+    """One epoch with a checkpoint at step 10 and W&B (offline: no key here)."""
+    args = tiny_args(tiny_model_dir, nli_files, output_dir, "--checkpointing_steps", "10", *extra)
     args[args.index("--report_to") + 1] = "wandb"
-    two_process(args, [*accelerate_launch("accelerate_configs/cpu_multiprocess.yaml")])
+    return args
+
+
+@pytest.fixture(scope="module")
+def documented_run(tiny_model_dir, nli_files, tmp_path_factory):
+    """`documented_args` on 2 ranks with the config file the tests document: made once, read twice."""
+    out = tmp_path_factory.mktemp("documented") / "out"
+    two_process(documented_args(tiny_model_dir, nli_files, out))
+    return out
+
+
+def test_two_ranks_agree_and_only_rank_zero_writes(documented_run):
+    """The config file the tests document: identical replicas, every row evaluated once, one writer."""
+    out = documented_run
     results = results_of(out)
     assert results["world_size"] == 2
     assert results["replicas_identical"] is True  # sha256 of every parameter, gathered from both ranks
@@ -109,12 +126,10 @@ def test_two_ranks_agree_and_only_rank_zero_writes(tiny_model_dir, nli_files, tm
     assert sorted(p.name for p in out.iterdir()) == expected
 
 
-def test_evaluation_is_the_same_with_one_and_two_processes(tiny_model_dir, nli_files, tmp_path):
-    trained = tmp_path / "trained"
-    main(tiny_args(tiny_model_dir, nli_files, trained, "--num_train_epochs", "2"))
+def test_evaluation_is_the_same_with_one_and_two_processes(trained, nli_files, tmp_path):
     evaluate_only = ["--do_train", "false", "--per_device_eval_batch_size", "16"]
-    one = main(tiny_args(trained, nli_files, tmp_path / "one", *evaluate_only))
-    two_process(tiny_args(trained, nli_files, tmp_path / "two", *evaluate_only))
+    one = main(tiny_args(trained[0], nli_files, tmp_path / "one", *evaluate_only))
+    two_process(tiny_args(trained[0], nli_files, tmp_path / "two", *evaluate_only))
     two = results_of(tmp_path / "two")
     assert (one["world_size"], two["world_size"]) == (1, 2)
     assert one["eval_matched_samples"] == two["eval_matched_samples"] == N_VALIDATION
@@ -196,21 +211,23 @@ def test_one_process_batch_32_matches_two_processes_batch_16(tiny_model_dir, nli
     two_process(tiny_args(model_dir, nli_files, two, *rows, "--per_device_train_batch_size", "16"))
     assert results_of(one)["global_step"] == results_of(two)["global_step"] == 18
     assert (results_of(one)["world_size"], results_of(two)["world_size"]) == (1, 2)
-    losses = [[r["loss"] for r in read_jsonl(d / "metrics.jsonl") if "loss" in r] for d in (one, two)]
-    assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert len(losses(one)) == 4 and losses(one) == pytest.approx(losses(two), rel=1e-5)
 
 
-def test_compressed_gradients_over_two_ranks(tiny_model_dir, nli_files, tmp_path):
-    out = tmp_path / "out"
-    two_process(
-        tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "6", "--ddp_comm_hook", "fp16")
-    )
+def test_compressed_gradients_over_two_ranks(documented_run, tiny_model_dir, nli_files, tmp_path, capsys):
+    """fp16 all-reduces a half-precision copy of the gradients: the same job without the hook ends
+    a rounding away, and not on the same bits (which a hook that was never registered would give)."""
+    out = tmp_path / "fp16"
+    two_process(documented_args(tiny_model_dir, nli_files, out, "--ddp_comm_hook", "fp16"))
     results = results_of(out)
-    assert results["world_size"] == 2 and results["global_step"] == 6 and results["replicas_identical"]
+    assert results["world_size"] == 2 and results["global_step"] == 19 and results["replicas_identical"]
+    fp16, none = weights(out), weights(documented_run)
+    assert not all(torch.equal(fp16[name], none[name]) for name in none)
+    assert len(losses(out)) == 4 and losses(out) == pytest.approx(losses(documented_run), rel=1e-5)
     bf16 = tiny_args(tiny_model_dir, nli_files, tmp_path / "bf16", "--ddp_comm_hook", "bf16")
-    done = run_cli([PYTHON, "finetune/mnli.py", *bf16])
-    assert done.returncode != 0
-    assert done.stderr.strip().splitlines()[-1].startswith("error: --ddp_comm_hook bf16 needs CUDA")
+    assert cli(bf16) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: --ddp_comm_hook bf16 needs CUDA")
 
 
 def test_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
@@ -219,10 +236,10 @@ def test_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
         "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all", "--mixed_precision", "no"
     )
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    args = ["--num_train_epochs", "2", "--checkpointing_steps", "25"]
+    args = ["--checkpointing_steps", "10"]  # 1 epoch: 19 steps
     two_process(tiny_args(tiny_model_dir, nli_files, full, *args), launcher)
     resumed.mkdir()
-    shutil.copytree(full / "checkpoint-25", resumed / "checkpoint-25")  # mid-epoch 1 of 2 (19 steps each)
+    shutil.copytree(full / "checkpoint-10", resumed / "checkpoint-10")  # mid-epoch
     launcher = accelerate_launch(
         "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all", "--mixed_precision", "no"
     )
@@ -230,7 +247,7 @@ def test_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
         tiny_args(tiny_model_dir, nli_files, resumed, *args, "--resume_from_checkpoint", "auto"), launcher
     )
     a, b = results_of(full), results_of(resumed)
-    assert a["world_size"] == b["world_size"] == 2 and a["global_step"] == b["global_step"] == 38
+    assert a["world_size"] == b["world_size"] == 2 and a["global_step"] == b["global_step"] == 19
     assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"]
     assert_same_weights(weights(full), weights(resumed))
     check = (
