@@ -23,6 +23,11 @@ def test_plain_python_entry_point(tiny_model_dir, nli_files, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert results_of(out)["global_step"] == 4
     assert f"train_config.json: {out.resolve()}" in done.stdout  # says where everything went
+    # The start-up summary names every speed path, resolved, so a user sees what really ran.
+    summary = next(line for line in done.stdout.splitlines() if line.startswith("world_size="))
+    for path in ("dropout_kernel=packed", "padding_free=", "keep_freed_memory=false", "torch_compile=false",
+                 "group_by_length=true", "fused_adamw=true"):  # fmt: skip
+        assert path in summary, summary
 
 
 def test_accelerate_launch_with_the_cpu_config(tiny_model_dir, nli_files, tmp_path):

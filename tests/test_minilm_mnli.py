@@ -1,6 +1,7 @@
 """The real thing, small: pretrained MiniLM fine-tuned on real MNLI rows from ../shared."""
 
 import json
+import os
 
 import pytest
 
@@ -11,7 +12,18 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.skipif(not SHARED_MNLI.is_dir(), reason="needs ../shared/data/mnli beside the checkout")
-def test_minilm_learns_mnli_above_chance(tmp_path):
+@pytest.fixture
+def every_core():
+    """A real model's step gains from every core (tests otherwise run one thread: conftest.py)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count())
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_minilm_learns_mnli_above_chance(tmp_path, every_core):
     out = tmp_path / "minilm"
     results = main([
         "--model_name_or_path", str(minilm_dir()),
