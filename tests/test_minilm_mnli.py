@@ -11,7 +11,6 @@ from tests.helpers import SHARED_MNLI, minilm_dir
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.skipif(not SHARED_MNLI.is_dir(), reason="needs ../shared/data/mnli beside the checkout")
 @pytest.fixture
 def every_core():
     """A real model's step gains from every core (tests otherwise run one thread: conftest.py)."""
@@ -23,6 +22,7 @@ def every_core():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.skipif(not SHARED_MNLI.is_dir(), reason="needs ../shared/data/mnli beside the checkout")
 def test_minilm_learns_mnli_above_chance(tmp_path, every_core):
     out = tmp_path / "minilm"
     results = main([
