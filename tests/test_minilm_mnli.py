@@ -30,14 +30,14 @@ def test_minilm_learns_mnli_above_chance(tmp_path, every_core):
         "--train_file", str(SHARED_MNLI / "train.jsonl"),
         "--validation_file", str(SHARED_MNLI / "validation_matched.jsonl"),
         "--output_dir", str(out),
-        "--max_train_steps", "300",
+        "--max_train_steps", "200",
         "--per_device_train_batch_size", "32",
         "--learning_rate", "1e-4",
         "--report_to", "none",
     ])  # fmt: skip
-    assert results["global_step"] == 300
+    assert results["global_step"] == 200
     assert results["eval_matched_samples"] == 9815
-    # Chance is ~0.35 (the largest class); 9,600 pairs take MiniLM well past it.
+    # Chance is ~0.35 (the largest class); 6,400 pairs take MiniLM well past it (0.59 on a Zen 5 VM).
     assert results["eval_matched_accuracy"] > 0.5, results
     losses = [
         json.loads(line)["loss"]
