@@ -17,7 +17,7 @@ from accelerate.utils import load as safe_load  # torch.load(weights_only=True) 
 from safetensors import SafetensorError, safe_open
 
 from finetune.config import ConfigError
-from finetune.runtime import TrainingFailed
+from finetune.runtime import TrainingFailed, launcher_rank
 
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
@@ -201,7 +201,7 @@ def check_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> None:
 def remove_earlier_run(output_dir: Path) -> None:
     """--overwrite_output_dir without resuming: rank 0 removes what the earlier run left (after taking
     the lock, so never under a live run): its checkpoints, best model, metrics and results."""
-    if int(os.environ.get("RANK", "0")) != 0:
+    if launcher_rank() != 0:
         return
     checkpoints = [p for p in output_dir.glob(f"{PREFIX}*") if p.name[len(PREFIX) :].isdigit()]
     found = [*checkpoints, *output_dir.glob(f".{PREFIX}*.partial")]
@@ -210,7 +210,10 @@ def remove_earlier_run(output_dir: Path) -> None:
     ]
     for p in found:
         try:
-            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
         except OSError as error:
             raise ConfigError(
                 f"--overwrite_output_dir: cannot remove {p} ({error.strerror}); remove it yourself or choose "
@@ -236,7 +239,7 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> Path 
             problem = damage(candidate)
             if problem is None:
                 return candidate
-            if int(os.environ.get("RANK", "0")) == 0:  # before the Accelerator exists
+            if launcher_rank() == 0:  # before the Accelerator exists
                 print(f"--resume_from_checkpoint auto: skipping {candidate}: {problem}", flush=True)
         if found:
             raise ConfigError(

@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from finetune.config import ConfigError
+from finetune.runtime import launcher_rank
 
 LOCK_FILE = ".finetune.lock"
 _held: set[Path] = set()
@@ -20,7 +21,7 @@ _held: set[Path] = set()
 def take_lock(output_dir: Path) -> None:
     """Rank 0 only (RANK, before the Accelerator exists): refuses a folder a live run holds, takes over
     the lock of a run that is gone. Other ranks go on; rank 0's exit makes the launcher end them."""
-    if int(os.environ.get("RANK", "0")) != 0:
+    if launcher_rank() != 0:
         return
     path, host = Path(output_dir) / LOCK_FILE, socket.gethostname()
     folder = os.open(output_dir, os.O_RDONLY)

@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None, build=None) -> dict:
 
 
 def run_config(config: TrainConfig, build=None) -> dict:
-    run = (build or setup)(config)
     try:
+        run = (build or setup)(config)
         results = execute(run)
     except TrainingInterrupted as stopped:
         if run.accelerator.is_main_process:
@@ -89,7 +89,7 @@ def run_config(config: TrainConfig, build=None) -> dict:
         close(run)  # every rank stopped at the same step, so they can leave together
         raise
     except BaseException:
-        release_lock(config.output_dir)  # a failed run leaves the folder to the next one
+        release_lock(config.output_dir)  # a failed start or run leaves the folder to the next one
         raise
     close(run)
     return results
@@ -101,17 +101,9 @@ def setup(config: TrainConfig) -> Run:
     output_dir = Path(config.output_dir)
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     check_output_dir(output_dir, config.overwrite_output_dir, resuming=resume is not None)
-    take_lock(output_dir)  # rank 0: one run per output folder, until close()
-    try:
-        if config.overwrite_output_dir and resume is None:
-            remove_earlier_run(output_dir)
-        return _setup(config, output_dir, resume, started_s)
-    except BaseException:
-        release_lock(output_dir)
-        raise
-
-
-def _setup(config: TrainConfig, output_dir: Path, resume: Path | None, started_s: float) -> Run:
+    take_lock(output_dir)  # rank 0: one run per output folder, until close() (or run_config's failure)
+    if config.overwrite_output_dir and resume is None:
+        remove_earlier_run(output_dir)
     trackers = trackers_for(config.report_to)
     wandb_notice = wandb_offline_notice(trackers)
     accelerator = build_accelerator(config, trackers)

@@ -148,6 +148,11 @@ def join_restarted_job() -> None:
     )
 
 
+def launcher_rank() -> int:
+    """This process's global rank as the launcher set it (0 without one), before the Accelerator exists."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def check_world_size(launched: int, joined: int) -> None:
     """Several launched processes that did not join one group would train independent replicas."""
     if launched > 1 and joined != launched:
