@@ -286,7 +286,7 @@ class PadCollator:
     kernels, the GPU waits for it.
     """
 
-    def __init__(self, tokenizer, pad_to_multiple_of: int | None = None):
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None = None, max_length: int | None = None):
         self.pad_ids = {
             "input_ids": tokenizer.pad_token_id,
             "token_type_ids": tokenizer.pad_token_type_id,
@@ -294,10 +294,12 @@ class PadCollator:
         }
         self.left = tokenizer.padding_side == "left"
         self.multiple = pad_to_multiple_of or 1
+        self.max_length = max_length
+        """Widths are capped here (the truncation length): with 32 at 128 the buckets are 32, 64, 96, 128."""
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         longest = max(len(f["input_ids"]) for f in features)
-        width = -(-longest // self.multiple) * self.multiple
+        width = _bucket(longest, self.multiple, self.max_length)
         batch = {}
         for key in features[0]:
             if key not in self.pad_ids:  # labels, row: one value per pair
@@ -314,12 +316,80 @@ class PadCollator:
         return batch
 
 
+def _bucket(tokens: int, multiple: int, cap: int | None) -> int:
+    """`tokens` rounded up to a multiple of `multiple`, but never past `cap` (unless `tokens` is)."""
+    rounded = -(-tokens // multiple) * multiple
+    return rounded if cap is None else min(rounded, max(cap, tokens))
+
+
+class VarlenCollator:
+    """Batches for `--padding_free varlen`: the real tokens of every pair in one row, built on the CPU.
+
+    input_ids, token_type_ids, attention_mask (1: a real token) and position_ids (restarting at
+    `position_offset` in every pair) are [1, tokens]; `cu_seq_lens_q`/`_k` (int32, [pairs + 2]) say
+    where each pair starts; the last segment holds the padding that rounds the token count up to a
+    multiple of `pad_to_multiple_of` (possibly none), so compiled code meets few shapes. `max_length_q`/`_k`:
+    the longest segment, rounded up the same way. The device never has to find the pairs (no nonzero()).
+    """
+
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None = None, position_offset: int = 0):
+        self.pad_ids = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id}
+        self.multiple = pad_to_multiple_of or 1
+        self.position_offset = position_offset
+
+    def __call__(self, features: list[dict]) -> dict:
+        lengths = np.array([len(f["input_ids"]) for f in features], dtype=np.int64)
+        real = int(lengths.sum())
+        total = _bucket(real, self.multiple, None)
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        batch = {}
+        for key in ("input_ids", "token_type_ids"):
+            if key not in features[0]:
+                continue
+            row = np.full(total, self.pad_ids[key], dtype=np.int64)
+            row[:real] = np.concatenate([f[key] for f in features])
+            batch[key] = torch.from_numpy(row).unsqueeze(0)
+        mask = np.zeros(total, dtype=np.int64)
+        mask[:real] = 1
+        positions = np.arange(total, dtype=np.int64)
+        positions[:real] -= np.repeat(starts[:-1], lengths)
+        positions[real:] -= real
+        batch["attention_mask"] = torch.from_numpy(mask).unsqueeze(0)
+        batch["position_ids"] = torch.from_numpy(positions + self.position_offset).unsqueeze(0)
+        bounds = torch.from_numpy(np.append(starts, total).astype(np.int32))
+        batch["cu_seq_lens_q"], batch["cu_seq_lens_k"] = bounds, bounds.clone()
+        longest = _bucket(int(max(lengths.max(), total - real)), self.multiple, None)
+        batch["max_length_q"] = batch["max_length_k"] = longest
+        for key in features[0]:
+            if key not in ("input_ids", "token_type_ids", "attention_mask"):  # labels, row: one per pair
+                batch[key] = torch.tensor([f[key] for f in features])
+        return batch
+
+
+def resolve_pad_to_multiple_of(requested: str, on_gpu: bool) -> str:
+    """--pad_to_multiple_of as a number. auto: 8 on CUDA, whose tensor cores want lengths in multiples
+    of 8; 1 (exact lengths) on CPU, where padding is only extra work."""
+    if requested != "auto":
+        return requested
+    return "8" if on_gpu else "1"
+
+
 def build_dataloaders(
-    tokenized: dict[str, Dataset], tokenizer, config: TrainConfig, world_size: int, on_gpu: bool
+    tokenized: dict[str, Dataset],
+    tokenizer,
+    config: TrainConfig,
+    world_size: int,
+    on_gpu: bool,
+    position_offset: int = 0,
 ) -> dict[str, DataLoader]:
-    """One loader per split: train in seeded length-grouped order, the others sorted by length."""
-    # Tensor cores want sequence lengths in multiples of 8; on CPU that would only add padding.
-    collator = PadCollator(tokenizer, pad_to_multiple_of=8 if on_gpu else None)
+    """One loader per split: train in seeded length-grouped order, the others sorted by length.
+    `config.pad_to_multiple_of` must be resolved (a number); `position_offset`: where positions
+    start in a `--padding_free varlen` batch (RoBERTa's start after its padding id)."""
+    multiple = int(config.pad_to_multiple_of)
+    if config.padding_free == "varlen":
+        collator = VarlenCollator(tokenizer, multiple, position_offset)
+    else:
+        collator = PadCollator(tokenizer, multiple, config.max_length)
     workers = config.dataloader_num_workers
     common = {
         "collate_fn": collator,
