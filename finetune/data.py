@@ -383,9 +383,9 @@ def build_dataloaders(
     position_offset: int = 0,
 ) -> dict[str, DataLoader]:
     """One loader per split: train in seeded length-grouped order, the others sorted by length.
-    `config.pad_to_multiple_of` must be resolved (a number); `position_offset`: where positions
+    `position_offset`: where positions
     start in a `--padding_free varlen` batch (RoBERTa's start after its padding id)."""
-    multiple = int(config.pad_to_multiple_of)
+    multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
     if config.padding_free == "varlen":
         collator = VarlenCollator(tokenizer, multiple, position_offset)
     else:
