@@ -78,8 +78,9 @@ def _no_mask(*args, **kwargs):
 
 def _first_tokens(encoder, args, kwargs, output):
     bounds = kwargs.get("cu_seq_lens_q")
-    if bounds is not None:  # the last bound closes the padding segment, which is no pair
-        output.last_hidden_state = output.last_hidden_state[0].index_select(0, bounds[:-2]).unsqueeze(1)
+    if bounds is not None:  # [pairs + padding segments (as many) + 1]: the pairs' starts come first
+        starts = bounds[: (bounds.shape[0] - 1) // 2]
+        output.last_hidden_state = output.last_hidden_state[0].index_select(0, starts).unsqueeze(1)
     return output
 
 

@@ -326,22 +326,29 @@ class VarlenCollator:
     """Batches for `--padding_free varlen`: the real tokens of every pair in one row, built on the CPU.
 
     input_ids, token_type_ids, attention_mask (1: a real token) and position_ids (restarting at
-    `position_offset` in every pair) are [1, tokens]; `cu_seq_lens_q`/`_k` (int32, [pairs + 2]) say
-    where each pair starts; the last segment holds the padding that rounds the token count up to a
-    multiple of `pad_to_multiple_of` (possibly none), so compiled code meets few shapes. `max_length_q`/`_k`:
-    the longest segment, rounded up the same way. The device never has to find the pairs (no nonzero()).
+    `position_offset` in every segment) are [1, tokens]; `cu_seq_lens_q`/`_k` (int32, [2 x pairs + 1])
+    bound the pairs, then as many padding segments of at most `pad_to_multiple_of` tokens (some
+    empty), which round the token count up to a multiple of `pad_to_multiple_of` x pairs: as few
+    shapes as padded batches have lengths. `max_length_q`/`_k`, the longest segment allowed, is the
+    same in every batch, so compiled code is not specialized on it. The device never has to find the
+    pairs (no nonzero()), and padding costs attention at most pairs x pad_to_multiple_of².
     """
 
-    def __init__(self, tokenizer, pad_to_multiple_of: int | None = None, position_offset: int = 0):
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None, max_length: int, position_offset: int = 0):
         self.pad_ids = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id}
         self.multiple = pad_to_multiple_of or 1
+        self.longest = max(max_length, self.multiple)
         self.position_offset = position_offset
 
     def __call__(self, features: list[dict]) -> dict:
+        rows = len(features)
         lengths = np.array([len(f["input_ids"]) for f in features], dtype=np.int64)
         real = int(lengths.sum())
-        total = _bucket(real, self.multiple, None)
-        starts = np.concatenate([[0], np.cumsum(lengths)])
+        total = _bucket(real, self.multiple * rows, None)
+        padding = np.full(rows, -(-(total - real) // rows), dtype=np.int64)  # each < multiple
+        padding = np.clip(total - real - np.arange(rows) * padding[0], 0, padding)
+        segments = np.concatenate([lengths, padding])
+        starts = np.concatenate([[0], np.cumsum(segments)])
         batch = {}
         for key in ("input_ids", "token_type_ids"):
             if key not in features[0]:
@@ -351,15 +358,12 @@ class VarlenCollator:
             batch[key] = torch.from_numpy(row).unsqueeze(0)
         mask = np.zeros(total, dtype=np.int64)
         mask[:real] = 1
-        positions = np.arange(total, dtype=np.int64)
-        positions[:real] -= np.repeat(starts[:-1], lengths)
-        positions[real:] -= real
+        positions = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], segments)
         batch["attention_mask"] = torch.from_numpy(mask).unsqueeze(0)
         batch["position_ids"] = torch.from_numpy(positions + self.position_offset).unsqueeze(0)
-        bounds = torch.from_numpy(np.append(starts, total).astype(np.int32))
+        bounds = torch.from_numpy(starts.astype(np.int32))
         batch["cu_seq_lens_q"], batch["cu_seq_lens_k"] = bounds, bounds.clone()
-        longest = _bucket(int(max(lengths.max(), total - real)), self.multiple, None)
-        batch["max_length_q"] = batch["max_length_k"] = longest
+        batch["max_length_q"] = batch["max_length_k"] = self.longest
         for key in features[0]:
             if key not in ("input_ids", "token_type_ids", "attention_mask"):  # labels, row: one per pair
                 batch[key] = torch.tensor([f[key] for f in features])
@@ -387,7 +391,7 @@ def build_dataloaders(
     start in a `--padding_free varlen` batch (RoBERTa's start after its padding id)."""
     multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
     if config.padding_free == "varlen":
-        collator = VarlenCollator(tokenizer, multiple, position_offset)
+        collator = VarlenCollator(tokenizer, multiple, config.max_length, position_offset)
     else:
         collator = PadCollator(tokenizer, multiple, config.max_length)
     workers = config.dataloader_num_workers

@@ -31,6 +31,7 @@ from finetune.checkpoint import (
     training_config,
     writing,
 )
+from finetune.compile import compile_cache_line
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
 from finetune.attention import use_sync_free_masks, use_varlen_attention, varlen_position_offset
 from finetune.data import build_dataloaders, load_splits, resolve_pad_to_multiple_of, tokenize_splits
@@ -212,6 +213,8 @@ def execute(run: Run) -> dict:
         finally:
             stop.restore()
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
+        if config.torch_compile and accelerator.is_main_process:
+            print(compile_cache_line())  # whether this run reused an earlier run's compiled code
         results = {
             **last_eval,
             "global_step": state.global_step,

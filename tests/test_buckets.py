@@ -48,18 +48,21 @@ def test_bad_pad_to_multiple_of_is_refused(value):
 
 
 def test_varlen_batch_packs_real_tokens_with_their_bounds():
-    """Three pairs of 3, 5 and 2 tokens: one row of 10 real tokens and 6 padding ones (a multiple of
-    16), positions restarting in every pair, bounds built on the CPU."""
+    """Three pairs of 3, 5 and 2 tokens, buckets of 4: one row of 10 real tokens and 2 padding ones
+    (a multiple of 4 x 3 pairs) in 3 padding segments (1, 1, 0), positions restarting in every
+    segment, bounds built on the CPU, the kernel's longest segment fixed at --max_length."""
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
-    batch = VarlenCollator(tokenizer, 16, position_offset=0)(features(3, 5, 2))
-    assert batch["input_ids"].shape == (1, 16)
-    assert batch["input_ids"][0, :10].tolist() == [1, 2, 3, 1, 2, 3, 4, 5, 1, 2]
-    assert batch["input_ids"][0, 10:].tolist() == [tokenizer.pad_token_id] * 6
-    assert batch["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 0, 1, 2, 3, 4, 5]
+    batch = VarlenCollator(tokenizer, 4, max_length=64, position_offset=0)(features(3, 5, 2))
+    assert batch["input_ids"].shape == (1, 12)
+    assert batch["input_ids"][0].tolist() == [1, 2, 3, 1, 2, 3, 4, 5, 1, 2] + [tokenizer.pad_token_id] * 2
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 0, 0]
     assert batch["attention_mask"].sum() == 10
-    assert batch["cu_seq_lens_q"].tolist() == [0, 3, 8, 10, 16] and batch["cu_seq_lens_q"].dtype == torch.int32
-    assert batch["max_length_q"] == 16  # the longest segment (6 padding tokens), rounded up
+    assert batch["cu_seq_lens_q"].tolist() == [0, 3, 8, 10, 11, 12, 12]
+    assert batch["cu_seq_lens_q"].dtype == torch.int32
+    assert batch["max_length_q"] == 64
     assert batch["labels"].tolist() == [0, 1, 2]
+    shapes = {VarlenCollator(tokenizer, 4, 64)(features(*n))["input_ids"].shape for n in [(3, 5, 2), (4, 4, 4)]}
+    assert shapes == {(1, 12)}
 
 
 @pytest.mark.slow
