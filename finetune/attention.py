@@ -116,7 +116,9 @@ def reference_varlen_attention(query, key, value, bounds, scale=None):
     """What torch's varlen kernel computes, on any device: SDPA over all tokens with a block-diagonal
     mask (a token sees the keys of its own segment). Memory grows with tokens²: for tests and CPU runs."""
     tokens = query.shape[0]
-    segment = torch.searchsorted(bounds[1:], torch.arange(tokens, device=query.device, dtype=bounds.dtype), right=True)
+    segment = torch.searchsorted(
+        bounds[1:], torch.arange(tokens, device=query.device, dtype=bounds.dtype), right=True
+    )
     same = segment.unsqueeze(0) == segment.unsqueeze(1)
     output = torch.nn.functional.scaled_dot_product_attention(
         query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), attn_mask=same, scale=scale

@@ -20,6 +20,7 @@ import torch
 from accelerate.utils import set_seed
 from transformers import get_scheduler
 
+from finetune.attention import use_sync_free_masks, use_varlen_attention, varlen_position_offset
 from finetune.checkpoint import (
     TrainState,
     check_output_dir,
@@ -33,7 +34,6 @@ from finetune.checkpoint import (
 )
 from finetune.compile import compile_cache_line
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
-from finetune.attention import use_sync_free_masks, use_varlen_attention, varlen_position_offset
 from finetune.data import build_dataloaders, load_splits, resolve_pad_to_multiple_of, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
 from finetune.kernels import use_packed_dropout

@@ -21,7 +21,12 @@ from tests.helpers import SHARED_MNLI, minilm_dir
 
 def features(*lengths: int) -> list[dict]:
     return [
-        {"input_ids": list(range(1, n + 1)), "token_type_ids": [0] * n, "attention_mask": [1] * n, "labels": i}
+        {
+            "input_ids": list(range(1, n + 1)),
+            "token_type_ids": [0] * n,
+            "attention_mask": [1] * n,
+            "labels": i,
+        }
         for i, n in enumerate(lengths)
     ]
 
@@ -61,7 +66,9 @@ def test_varlen_batch_packs_real_tokens_with_their_bounds():
     assert batch["cu_seq_lens_q"].dtype == torch.int32
     assert batch["max_length_q"] == 64
     assert batch["labels"].tolist() == [0, 1, 2]
-    shapes = {VarlenCollator(tokenizer, 4, 64)(features(*n))["input_ids"].shape for n in [(3, 5, 2), (4, 4, 4)]}
+    shapes = {
+        VarlenCollator(tokenizer, 4, 64)(features(*n))["input_ids"].shape for n in [(3, 5, 2), (4, 4, 4)]
+    }
     assert shapes == {(1, 12)}
 
 

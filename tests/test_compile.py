@@ -18,7 +18,9 @@ from tests.helpers import reset_accelerate
 def test_compile_flags_reach_the_dynamo_plugin():
     """--torch_compile_mode implies --torch_compile (as in transformers); buckets of 32 at
     --max_length 128 (4 lengths) compile static shapes; unbucketed CPU runs stay dynamic as before."""
-    config = TrainConfig(torch_compile_mode="reduce-overhead", pad_to_multiple_of="32", torch_compile_regional=True)
+    config = TrainConfig(
+        torch_compile_mode="reduce-overhead", pad_to_multiple_of="32", torch_compile_regional=True
+    )
     assert config.torch_compile
     plugin = dynamo_plugin(config, on_gpu=False)
     assert (plugin.mode, plugin.dynamic, plugin.use_regional_compilation) == ("reduce-overhead", False, True)
@@ -34,7 +36,8 @@ def test_an_epoch_compiles_once_per_shape_without_graph_breaks(
     """The training forward and loss, compiled with fullgraph=True (a graph break raises) and the
     plugin's static shapes, over a training epoch and an evaluation pass of the tiny BERT: no more
     compiles than distinct batch shapes (buckets of 32 at --max_length 64, plus the short last
-    batches). The captured graph runs as it is (dynamo's "eager") in place of inductor, whose compiles take tens of seconds on 2 cores."""
+    batches). The captured graph runs as it is (dynamo's "eager") in place of inductor, whose
+    compiles take tens of seconds on 2 cores."""
     config = TrainConfig(
         model_name_or_path=str(tiny_model_dir),
         train_file=str(nli_files["train"]),
