@@ -68,9 +68,13 @@ def test_varlen_logits_and_gradients_equal_the_padded_models(architecture, tiny_
 
 def test_varlen_training_runs_end_to_end_and_learns_like_padded(tiny_model_dir, nli_files, tmp_path):
     """A whole run (training, evaluation on the same packed path, export) with --padding_free varlen
-    on CPU: every step taken, every evaluation row counted once."""
+    on CPU: every step taken, every evaluation row counted once; the export loads without this package."""
     varlen = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "varlen", "--padding_free", "varlen",
                             "--pad_to_multiple_of", "16"))  # fmt: skip
     assert varlen["global_step"] == 38
     assert varlen["eval_matched_samples"] == 151
     assert 0.0 <= varlen["eval_matched_accuracy"] <= 1.0
+    from transformers import AutoModelForSequenceClassification
+
+    exported = AutoModelForSequenceClassification.from_pretrained(tmp_path / "varlen")  # plain transformers
+    assert not exported.config._attn_implementation.startswith("finetune")
