@@ -130,10 +130,11 @@ def setup(config: TrainConfig) -> Run:
     if config.padding_free == "true":
         use_padding_free(model)
     on_gpu = accelerator.device.type == "cuda"
+    bucketed = config.pad_to_multiple_of not in ("auto", "1")  # asked for; auto stays as measured
     config.pad_to_multiple_of = resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu)  # a number
     if config.padding_free == "varlen":
         use_varlen_attention(model)
-    elif config.padding_free == "false" and config.pad_to_multiple_of != "1":
+    elif config.padding_free == "false" and bucketed:
         use_sync_free_masks(model)  # no wait for the device per forward; see finetune/attention.py
     config.keep_freed_memory = resolve_keep_freed_memory(  # "true"/"false", shown in train_config.json
         config.keep_freed_memory, accelerator.device.type, accelerator.mixed_precision
