@@ -142,7 +142,8 @@ class TrainConfig:
     pad_to_multiple_of: str = _help(
         "Pad each batch's length up to a multiple of N tokens (capped at --max_length), so a compiled "
         "model meets few shapes: 32 gives 4 at --max_length 128. auto: 8 on CUDA (tensor cores), none on "
-        "CPU (padding there is only extra work); an integer overrides it.",
+        "CPU (padding there is only extra work). A number also has attention masks built without asking "
+        "the device whether a batch holds padding (no wait per forward).",
         default="auto",
     )
     keep_freed_memory: AutoSwitch = _help(
