@@ -275,7 +275,9 @@ def _average_over_real_window(accelerator, model, window_samples: int, full_wind
             return
         scale = full_window / window_samples
     else:
-        seen = accelerator.reduce(torch.tensor(float(window_samples), device=accelerator.device), "sum")
+        seen = accelerator.reduce(
+            torch.tensor(window_samples, device=accelerator.device, dtype=torch.float64), "sum"
+        )
         scale = full_window / seen
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     torch._foreach_mul_(grads, scale)
