@@ -66,7 +66,7 @@ def test_varlen_logits_and_gradients_equal_the_padded_models(architecture, tiny_
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_varlen_training_runs_end_to_end_and_learns_like_padded(tiny_model_dir, nli_files, tmp_path):
+def test_varlen_training_runs_end_to_end(tiny_model_dir, nli_files, tmp_path):
     """A whole run (training, evaluation on the same packed path, export) with --padding_free varlen
     on CPU: every step taken, every evaluation row counted once; the export loads without this package."""
     varlen = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "varlen", "--padding_free", "varlen",
