@@ -344,7 +344,7 @@ class VarlenCollator:
         rows = len(features)
         lengths = np.array([len(f["input_ids"]) for f in features], dtype=np.int64)
         real = int(lengths.sum())
-        total = _bucket(real, self.multiple * rows, None)
+        total = _bucket(real, self.multiple * rows if self.multiple > 1 else 1, None)  # 1: no padding
         padding = np.full(rows, -(-(total - real) // rows), dtype=np.int64)  # each < multiple
         padding = np.clip(total - real - np.arange(rows) * padding[0], 0, padding)
         segments = np.concatenate([lengths, padding])

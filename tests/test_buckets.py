@@ -70,6 +70,9 @@ def test_varlen_batch_packs_real_tokens_with_their_bounds():
         VarlenCollator(tokenizer, 4, 64)(features(*n))["input_ids"].shape for n in [(3, 5, 2), (4, 4, 4)]
     }
     assert shapes == {(1, 12)}
+    exact = VarlenCollator(tokenizer, 1, 64)(features(3, 5, 2))
+    assert exact["input_ids"].shape == (1, 10)
+    assert exact["cu_seq_lens_q"].tolist() == [0, 3, 8, 10, 10, 10, 10]
 
 
 @pytest.mark.slow
