@@ -86,3 +86,34 @@ def test_an_epoch_compiles_once_per_shape_without_graph_breaks(
     assert compiles <= len(shapes), (compiles, sorted(shapes))
     assert len(shapes) <= 2 * 3  # 2 lengths; full and short batches; evaluation's batch size
     reset_accelerate()
+
+
+def test_regional_compilation_compiles_each_layer_on_both_paths(tiny_model_dir):
+    """--torch_compile_regional (Accelerate's compile_regions): every encoder layer compiled on its
+    own, the padded and the varlen model's logits unchanged."""
+    import copy
+
+    from accelerate.utils import compile_regions
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from finetune.data import PadCollator, VarlenCollator
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir).eval()
+    features = [{**tokenizer("A man plays.", "Music is made by a person here."), "labels": 0},
+                {**tokenizer("Dogs run.", "Cats sleep."), "labels": 1}]  # fmt: skip
+
+    def logits(model, collate):
+        batch = collate(copy.deepcopy(features))
+        batch.pop("labels")
+        return model(**batch).logits
+
+    expected = logits(model, PadCollator(tokenizer, 8, 64))
+    varlen = copy.deepcopy(model)
+    use_varlen_attention(varlen)
+    torch._dynamo.reset()
+    paths = ((model, PadCollator(tokenizer, 8, 64)), (varlen, VarlenCollator(tokenizer, 8, 64)))
+    for plain, collate in paths:
+        compiled = compile_regions(plain, backend="eager", dynamic=False)
+        assert all(type(layer).__name__ == "OptimizedModule" for layer in compiled.bert.encoder.layer)
+        torch.testing.assert_close(logits(compiled, collate), expected, atol=1e-5, rtol=1e-4)
