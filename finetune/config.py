@@ -29,6 +29,8 @@ MixedPrecision = Literal["auto", "no", "bf16", "fp16"]
 DropoutKernel = Literal["auto", "packed", "torch"]
 AutoSwitch = Literal["auto", "true", "false"]
 DdpCommHook = Literal["none", "fp16", "bf16"]
+PaddingFree = Literal["auto", "true", "false", "varlen"]
+TorchCompileMode = Literal["default", "reduce-overhead", "max-autotune"]
 # The schedules `get_scheduler` builds from warmup and total steps alone; the others need arguments
 # this loop does not pass (cosine_with_min_lr, warmup_stable_decay) or a metric (reduce_lr_on_plateau).
 LrSchedulerType = Literal[
@@ -130,10 +132,18 @@ class TrainConfig:
         "auto (packed on CPU, torch on CUDA), packed (4 masks per 64-bit random draw) or torch.",
         default="auto",
     )
-    padding_free: AutoSwitch = _help(
+    padding_free: PaddingFree = _help(
         "auto (on CPU for BERT, RoBERTa, XLM-R and ELECTRA without --torch_compile, except on CPUs with "
         "AMX, where padded layers measured faster), true or false: the encoder skips padding everywhere "
-        "but in attention; same results, less work.",
+        "but in attention; same results, less work. varlen (CUDA, not measured yet): the collator packs "
+        "real tokens only, attention runs torch's variable-length kernel (on CPU a slow per-pair reference).",
+        default="auto",
+    )
+    pad_to_multiple_of: str = _help(
+        "Pad each batch's length up to a multiple of N tokens (capped at --max_length), so a compiled "
+        "model meets few shapes: 32 gives 4 at --max_length 128. auto: 8 on CUDA (tensor cores), none on "
+        "CPU (padding there is only extra work). A number also has attention masks built without asking "
+        "the device whether a batch holds padding (no wait per forward).",
         default="auto",
     )
     keep_freed_memory: AutoSwitch = _help(
@@ -145,6 +155,16 @@ class TrainConfig:
     torch_compile: bool = _help(
         "Compile the model with torch.compile (inductor, dynamic shapes): slower than eager on CPU; on an "
         "H100 1.12x per BERT-base step after ~60 s of compiling, a gain only over ~18k+ steps.",
+        default=False,
+    )
+    torch_compile_mode: TorchCompileMode | None = _help(
+        "torch.compile mode; setting it implies --torch_compile. reduce-overhead replays forward and "
+        "backward as CUDA graphs (pair it with --pad_to_multiple_of 32); unset: torch's default.",
+        default=None,
+    )
+    torch_compile_regional: bool = _help(
+        "With --torch_compile, compile each repeated encoder layer once and reuse it (Accelerate's "
+        "regional compilation): shorter compiles, graph breaks between layers.",
         default=False,
     )
     peak_tflops: float | None = _help(
@@ -262,6 +282,14 @@ class TrainConfig:
             raise ConfigError("--push_to_hub needs the Hub; HF_HUB_OFFLINE is set: unset it or drop the flag")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ConfigError(f"--peak_tflops must be > 0 or left unset, got {self.peak_tflops}")
+        if self.pad_to_multiple_of != "auto" and not (
+            self.pad_to_multiple_of.isdigit() and int(self.pad_to_multiple_of) > 0
+        ):
+            raise ConfigError(
+                f"--pad_to_multiple_of must be a positive integer or auto, got {self.pad_to_multiple_of!r}"
+            )
+        if self.torch_compile_mode is not None:
+            self.torch_compile = True  # as in transformers' TrainingArguments
         cs = self.checkpointing_steps
         if cs is not None and cs != "epoch" and not (cs.isdigit() and int(cs) > 0):
             raise ConfigError(f"--checkpointing_steps must be a positive integer or 'epoch', got {cs!r}")

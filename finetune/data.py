@@ -286,7 +286,7 @@ class PadCollator:
     kernels, the GPU waits for it.
     """
 
-    def __init__(self, tokenizer, pad_to_multiple_of: int | None = None):
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None = None, max_length: int | None = None):
         self.pad_ids = {
             "input_ids": tokenizer.pad_token_id,
             "token_type_ids": tokenizer.pad_token_type_id,
@@ -294,10 +294,12 @@ class PadCollator:
         }
         self.left = tokenizer.padding_side == "left"
         self.multiple = pad_to_multiple_of or 1
+        self.max_length = max_length
+        """Widths are capped here (the truncation length): with 32 at 128 the buckets are 32, 64, 96, 128."""
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         longest = max(len(f["input_ids"]) for f in features)
-        width = -(-longest // self.multiple) * self.multiple
+        width = _bucket(longest, self.multiple, self.max_length)
         batch = {}
         for key in features[0]:
             if key not in self.pad_ids:  # labels, row: one value per pair
@@ -314,12 +316,84 @@ class PadCollator:
         return batch
 
 
+def _bucket(tokens: int, multiple: int, cap: int | None) -> int:
+    """`tokens` rounded up to a multiple of `multiple`, but never past `cap` (unless `tokens` is)."""
+    rounded = -(-tokens // multiple) * multiple
+    return rounded if cap is None else min(rounded, max(cap, tokens))
+
+
+class VarlenCollator:
+    """Batches for `--padding_free varlen`: the real tokens of every pair in one row, built on the CPU.
+
+    input_ids, token_type_ids, attention_mask (1: a real token) and position_ids (restarting at
+    `position_offset` in every segment) are [1, tokens]; `cu_seq_lens_q`/`_k` (int32, [2 x pairs + 1])
+    bound the pairs, then as many padding segments of at most `pad_to_multiple_of` tokens (some
+    empty), which round the token count up to a multiple of `pad_to_multiple_of` x pairs: as few
+    shapes as padded batches have lengths. `max_length_q`/`_k`, the longest segment allowed, is the
+    same in every batch, so compiled code is not specialized on it. The device never has to find the
+    pairs (no nonzero()), and padding costs attention at most pairs x pad_to_multiple_of².
+    """
+
+    def __init__(self, tokenizer, pad_to_multiple_of: int | None, max_length: int, position_offset: int = 0):
+        self.pad_ids = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id}
+        self.multiple = pad_to_multiple_of or 1
+        self.longest = max(max_length, self.multiple)
+        self.position_offset = position_offset
+
+    def __call__(self, features: list[dict]) -> dict:
+        rows = len(features)
+        lengths = np.array([len(f["input_ids"]) for f in features], dtype=np.int64)
+        real = int(lengths.sum())
+        total = _bucket(real, self.multiple * rows if self.multiple > 1 else 1, None)  # 1: no padding
+        padding = np.full(rows, -(-(total - real) // rows), dtype=np.int64)  # each < multiple
+        padding = np.clip(total - real - np.arange(rows) * padding[0], 0, padding)
+        segments = np.concatenate([lengths, padding])
+        starts = np.concatenate([[0], np.cumsum(segments)])
+        batch = {}
+        for key in ("input_ids", "token_type_ids"):
+            if key not in features[0]:
+                continue
+            row = np.full(total, self.pad_ids[key], dtype=np.int64)
+            row[:real] = np.concatenate([f[key] for f in features])
+            batch[key] = torch.from_numpy(row).unsqueeze(0)
+        mask = np.zeros(total, dtype=np.int64)
+        mask[:real] = 1
+        positions = np.arange(total, dtype=np.int64) - np.repeat(starts[:-1], segments)
+        batch["attention_mask"] = torch.from_numpy(mask).unsqueeze(0)
+        batch["position_ids"] = torch.from_numpy(positions + self.position_offset).unsqueeze(0)
+        bounds = torch.from_numpy(starts.astype(np.int32))
+        batch["cu_seq_lens_q"], batch["cu_seq_lens_k"] = bounds, bounds.clone()
+        batch["max_length_q"] = batch["max_length_k"] = self.longest
+        for key in features[0]:
+            if key not in ("input_ids", "token_type_ids", "attention_mask"):  # labels, row: one per pair
+                batch[key] = torch.tensor([f[key] for f in features])
+        return batch
+
+
+def resolve_pad_to_multiple_of(requested: str, on_gpu: bool) -> str:
+    """--pad_to_multiple_of as a number. auto: 8 on CUDA, whose tensor cores want lengths in multiples
+    of 8; 1 (exact lengths) on CPU, where padding is only extra work."""
+    if requested != "auto":
+        return requested
+    return "8" if on_gpu else "1"
+
+
 def build_dataloaders(
-    tokenized: dict[str, Dataset], tokenizer, config: TrainConfig, world_size: int, on_gpu: bool
+    tokenized: dict[str, Dataset],
+    tokenizer,
+    config: TrainConfig,
+    world_size: int,
+    on_gpu: bool,
+    position_offset: int = 0,
 ) -> dict[str, DataLoader]:
-    """One loader per split: train in seeded length-grouped order, the others sorted by length."""
-    # Tensor cores want sequence lengths in multiples of 8; on CPU that would only add padding.
-    collator = PadCollator(tokenizer, pad_to_multiple_of=8 if on_gpu else None)
+    """One loader per split: train in seeded length-grouped order, the others sorted by length.
+    `position_offset`: where positions
+    start in a `--padding_free varlen` batch (RoBERTa's start after its padding id)."""
+    multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
+    if config.padding_free == "varlen":
+        collator = VarlenCollator(tokenizer, multiple, config.max_length, position_offset)
+    else:
+        collator = PadCollator(tokenizer, multiple, config.max_length)
     workers = config.dataloader_num_workers
     common = {
         "collate_fn": collator,

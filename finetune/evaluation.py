@@ -94,7 +94,7 @@ def _gathered_logits(
             key_values = batch.pop(key)
             logits = model(**batch).logits.float()
             key_values, logits = accelerator.gather_for_metrics((key_values, logits))
-            keys.append(key_values.cpu())
-            outputs.append(logits.cpu())
+            keys.append(key_values)  # kept on the device: no wait per batch
+            outputs.append(logits)
     model.train()
-    return torch.cat(keys), torch.cat(outputs)
+    return torch.cat(keys).cpu(), torch.cat(outputs).cpu()

@@ -49,6 +49,9 @@ class Run:
     """time.perf_counter() when setup began: the model card's wall time."""
     flops_per_token: int
     """6 x non-embedding parameters: the training FLOPs of one real token, for MFU."""
+    first_nonfinite_step: torch.Tensor | None = None
+    """On the device, set by train(): the first step whose gradient norm was NaN or inf (0: none).
+    That step was skipped on the device; the run fails when the flag is next read (`_raise_if_diverged`)."""
 
 
 def train(run: Run, stop: StopSignals):
@@ -62,6 +65,7 @@ def train(run: Run, stop: StopSignals):
     full_window = config.per_device_train_batch_size * config.gradient_accumulation_steps * world_size
     metric = load_metric(run.task, accelerator)
     meter = _Meter(accelerator.device)
+    run.first_nonfinite_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     window_samples = 0
     last_eval: dict = {}
     # A context manager: the bar is closed before any error message is printed.
@@ -97,7 +101,7 @@ def train(run: Run, stop: StopSignals):
                     state.micro_batches_in_epoch += 1
                     meter.add(summed, batch["attention_mask"], labels.shape[0])
                     if accelerator.sync_gradients:
-                        grad_norm = _optimizer_step(run, window_samples, full_window)
+                        meter.grad_norm = _optimizer_step(run, window_samples, full_window)  # on the device
                         state.global_step += 1
                         window_samples = 0
                         progress.update(1)
@@ -105,7 +109,7 @@ def train(run: Run, stop: StopSignals):
                             state.global_step % config.logging_steps == 0
                             or state.global_step == plan.total_updates
                         ):
-                            record = _train_record(run, meter, epoch, grad_norm)  # collective
+                            record = _train_record(run, meter, epoch)  # collective; reads the device
                             if accelerator.is_main_process:
                                 run.log.log(record)
                             progress.set_postfix(
@@ -113,6 +117,7 @@ def train(run: Run, stop: StopSignals):
                             )
                         _checkpoint_or_stop(run, stop)  # collective
             eval_tic = time.perf_counter()
+            _raise_if_diverged(run)  # no evaluation, hence no best_model/, of skipped-step weights
             try:
                 last_eval = _evaluate_and_keep_best(run, metric, epoch, stop)  # collective
             except EvaluationAbandoned:  # on every rank: checkpoint the finished epoch and leave
@@ -125,6 +130,7 @@ def train(run: Run, stop: StopSignals):
                 _save(run)
             if state.global_step >= plan.total_updates:
                 break
+    _raise_if_diverged(run)  # before the caller exports the model
     meter.flush(accelerator, state)  # collective: pairs not yet logged still count toward throughput
     return last_eval, time.perf_counter() - tic - eval_seconds, eval_seconds
 
@@ -137,6 +143,8 @@ class _Meter:
         self.loss = torch.zeros((), device=device, dtype=torch.float64)
         self.tokens = torch.zeros((), device=device, dtype=torch.float64)
         self.samples = 0
+        self.grad_norm = torch.zeros((), device=device)
+        """The last step's gradient norm, on the device until a line is logged."""
         self.since = time.perf_counter()
 
     def add(self, summed_loss: torch.Tensor, attention_mask: torch.Tensor, samples: int) -> None:
@@ -159,30 +167,50 @@ class _Meter:
         return loss_total, int(samples), int(tokens), seconds
 
 
-def _optimizer_step(run: Run, window_samples: int, full_window: int) -> float:
-    """Collective: one update from the accumulated gradients; returns their norm."""
+def _optimizer_step(run: Run, window_samples: int, full_window: int) -> torch.Tensor:
+    """Collective: one update from the accumulated gradients; returns their norm, on the device.
+
+    Nothing here waits for the device. A NaN or inf norm (identical on every rank after the
+    all-reduce) is the NaN guard: the update is skipped on the device (fused AdamW's `found_inf`;
+    in fp16 GradScaler skips it itself) and the step is kept in `run.first_nonfinite_step`, read at
+    the next log line, checkpoint or evaluation, which fail the run naming that step."""
     accelerator, model, config = run.accelerator, run.model, run.config
     if accelerator.gradient_state.end_of_dataloader:  # every rank at once
         _average_over_real_window(accelerator, model, window_samples, full_window)
     # With clipping off the norm is still measured (max inf): it is the NaN guard.
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
-    if not math.isfinite(grad_norm):  # identical on every rank after the all-reduce
-        raise _diverged(run.state.global_step + 1, config.output_dir)
+    nonfinite = ~torch.isfinite(grad_norm)
+    first = run.first_nonfinite_step
+    first.copy_(torch.where(nonfinite & (first == 0), run.state.global_step + 1, first))
+    if accelerator.scaler is None:
+        # torch's fused Adam/AdamW step reads this attribute (GradScaler sets it in fp16) and
+        # leaves weights, moments and step count as they were where it is 1.
+        getattr(run.optimizer, "optimizer", run.optimizer).found_inf = nonfinite.float()
     run.optimizer.step()
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return float(grad_norm)
+    return grad_norm.detach()
 
 
-def _train_record(run: Run, meter: _Meter, epoch: int, grad_norm: float) -> dict:
-    """Collective: the metrics.jsonl line for the steps since the last one."""
+def _raise_if_diverged(run: Run) -> None:
+    """A host read of the device's NaN flag (every rank holds the same): TrainingFailed naming the
+    first non-finite step. Called where the loop waits anyway: log lines, checkpoints, evaluation."""
+    if run.first_nonfinite_step is not None:
+        step = int(run.first_nonfinite_step)
+        if step:
+            raise _diverged(step, run.config.output_dir)
+
+
+def _train_record(run: Run, meter: _Meter, epoch: int) -> dict:
+    """Collective: the metrics.jsonl line for the steps since the last one (reads the device)."""
+    _raise_if_diverged(run)
     loss_total, samples, tokens, seconds = meter.flush(run.accelerator, run.state)
     return {
         "step": run.state.global_step,
         "epoch": round(epoch + run.state.micro_batches_in_epoch / run.plan.micro_batches_per_epoch, 4),
         "loss": loss_total / samples,
         "learning_rate": run.scheduler.get_last_lr()[0],
-        "grad_norm": grad_norm,
+        "grad_norm": float(meter.grad_norm),
         "samples_per_second": samples / seconds,
         "tokens_per_second": tokens / seconds,
         **model_flops_utilization(run, tokens / seconds, "mfu"),
@@ -212,6 +240,7 @@ def _checkpoint_or_stop(run: Run, stop: StopSignals) -> None:
 
 
 def _save(run: Run) -> Path:
+    _raise_if_diverged(run)  # no checkpoint after a non-finite step
     config = run.config
     return save_checkpoint(
         run.accelerator, config.output_dir, run.state, run.accelerator.num_processes, config.save_total_limit
@@ -239,16 +268,24 @@ def _evaluate_and_keep_best(run: Run, metric, epoch: int, stop: StopSignals) -> 
 def _average_over_real_window(accelerator, model, window_samples: int, full_window: int) -> None:
     """Collective. The epoch's last window may hold fewer pairs (fewer micro-batches, a short last
     batch): rescale its gradients so the update is the mean over the pairs it really saw, not
-    their sum divided by a full window (what accumulate alone, HF Trainer and Lightning do)."""
-    seen = accelerator.reduce(torch.tensor(window_samples, device=accelerator.device), "sum").item()
-    if seen != full_window:
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(full_window / seen)
+    their sum divided by a full window (what accumulate alone, HF Trainer and Lightning do).
+    With several processes the scale stays on the device: no wait for it."""
+    if accelerator.num_processes == 1:
+        if window_samples == full_window:
+            return
+        scale = full_window / window_samples
+    else:
+        seen = accelerator.reduce(
+            torch.tensor(window_samples, device=accelerator.device, dtype=torch.float64), "sum"
+        )
+        scale = full_window / seen
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    torch._foreach_mul_(grads, scale)
 
 
 def _diverged(step: int, output_dir: str) -> TrainingFailed:
-    """Raised before the optimizer step, so no NaN reaches the weights or a checkpoint."""
+    """The step was skipped on the device, and nothing is saved once the flag is set, so no NaN
+    reaches the weights or a checkpoint."""
     latest = complete_checkpoints(output_dir)
     last_good = latest[-1] if latest else "none (set --checkpointing_steps)"
     return TrainingFailed(

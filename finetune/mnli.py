@@ -20,6 +20,7 @@ import torch
 from accelerate.utils import set_seed
 from transformers import get_scheduler
 
+from finetune.attention import use_sync_free_masks, use_varlen_attention, varlen_position_offset
 from finetune.checkpoint import (
     TrainState,
     check_output_dir,
@@ -31,8 +32,9 @@ from finetune.checkpoint import (
     training_config,
     writing,
 )
+from finetune.compile import compile_cache_line
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
-from finetune.data import build_dataloaders, load_splits, tokenize_splits
+from finetune.data import build_dataloaders, load_splits, resolve_pad_to_multiple_of, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
 from finetune.kernels import use_packed_dropout
 from finetune.lock import release_lock, take_lock
@@ -127,13 +129,22 @@ def setup(config: TrainConfig) -> Run:
     config.padding_free = resolve_padding_free(config, model, accelerator.device.type)  # "true"/"false"
     if config.padding_free == "true":
         use_padding_free(model)
+    on_gpu = accelerator.device.type == "cuda"
+    bucketed = config.pad_to_multiple_of not in ("auto", "1")  # asked for; auto stays as measured
+    config.pad_to_multiple_of = resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu)  # a number
+    if config.padding_free == "varlen":
+        use_varlen_attention(model)
+    elif config.padding_free == "false" and bucketed:
+        use_sync_free_masks(model)  # no wait for the device per forward; see finetune/attention.py
     config.keep_freed_memory = resolve_keep_freed_memory(  # "true"/"false", shown in train_config.json
         config.keep_freed_memory, accelerator.device.type, accelerator.mixed_precision
     )
     if config.keep_freed_memory == "true":
         keep_freed_memory()
     tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
-    loaders = build_dataloaders(tokenized, tokenizer, config, world_size, accelerator.device.type == "cuda")
+    loaders = build_dataloaders(
+        tokenized, tokenizer, config, world_size, on_gpu, position_offset=varlen_position_offset(model)
+    )
     plan = plan_steps(  # no training: a plan of zero updates
         len(tokenized["train"]) if config.do_train else 0,
         config.per_device_train_batch_size,
@@ -203,6 +214,8 @@ def execute(run: Run) -> dict:
         finally:
             stop.restore()
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
+        if config.torch_compile and accelerator.is_main_process:
+            print(compile_cache_line())  # whether this run reused an earlier run's compiled code
         results = {
             **last_eval,
             "global_step": state.global_step,

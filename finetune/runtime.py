@@ -14,10 +14,10 @@ from accelerate import Accelerator
 from accelerate.utils import (
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
-    TorchDynamoPlugin,
     gather_object,
 )
 
+from finetune.compile import dynamo_plugin
 from finetune.config import ConfigError, TrainConfig
 
 
@@ -114,7 +114,7 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         # num_processes times per update (the official examples multiply the length to match).
         step_scheduler_with_optimizer=False,
         # None: an accelerate config's dynamo_config (if any) decides.
-        dynamo_plugin=TorchDynamoPlugin(backend="inductor", dynamic=True) if config.torch_compile else None,
+        dynamo_plugin=dynamo_plugin(config, torch.cuda.is_available()) if config.torch_compile else None,
     )
     check_world_size(int(os.environ.get("WORLD_SIZE", "1")), accelerator.num_processes)
     if torch.cuda.is_available():
@@ -189,6 +189,7 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"(warmup {plan.warmup_updates}, {plan.updates_per_epoch}/epoch) "
         f"dropout_kernel={config.dropout_kernel} padding_free={config.padding_free} "
         f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
+        f"pad_to_multiple_of={config.pad_to_multiple_of} "
         f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true"
     )
     return line + (f" resuming from {resume} at step {global_step}" if resume else "")

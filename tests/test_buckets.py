@@ -1,0 +1,102 @@
+"""--pad_to_multiple_of: few batch shapes for compiled code, CPU batches as before by default."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accelerate import Accelerator
+from transformers import AutoTokenizer
+
+from finetune.config import ConfigError, TrainConfig
+from finetune.data import (
+    PadCollator,
+    VarlenCollator,
+    build_dataloaders,
+    load_splits,
+    resolve_pad_to_multiple_of,
+    tokenize_splits,
+)
+from tests.helpers import SHARED_MNLI, minilm_dir
+
+
+def features(*lengths: int) -> list[dict]:
+    return [
+        {
+            "input_ids": list(range(1, n + 1)),
+            "token_type_ids": [0] * n,
+            "attention_mask": [1] * n,
+            "labels": i,
+        }
+        for i, n in enumerate(lengths)
+    ]
+
+
+def test_cpu_pads_to_the_longest_pair_and_cuda_to_a_multiple_of_8_by_default():
+    assert resolve_pad_to_multiple_of("auto", on_gpu=False) == "1"
+    assert resolve_pad_to_multiple_of("auto", on_gpu=True) == "8"
+    assert resolve_pad_to_multiple_of("32", on_gpu=False) == "32"
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    assert PadCollator(tokenizer, 1, 128)(features(5, 37))["input_ids"].shape == (2, 37)
+
+
+def test_buckets_are_multiples_capped_at_max_length():
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    collate = PadCollator(tokenizer, 32, 100)
+    widths = {n: collate(features(3, n))["input_ids"].shape[1] for n in (5, 32, 33, 90, 97, 100)}
+    assert widths == {5: 32, 32: 32, 33: 64, 90: 96, 97: 100, 100: 100}
+
+
+@pytest.mark.parametrize("value", ["0", "-8", "eight"])
+def test_bad_pad_to_multiple_of_is_refused(value):
+    with pytest.raises(ConfigError, match="--pad_to_multiple_of must be a positive integer or auto"):
+        TrainConfig(pad_to_multiple_of=value)
+
+
+def test_varlen_batch_packs_real_tokens_with_their_bounds():
+    """Three pairs of 3, 5 and 2 tokens, buckets of 4: one row of 10 real tokens and 2 padding ones
+    (a multiple of 4 x 3 pairs) in 3 padding segments (1, 1, 0), positions restarting in every
+    segment, bounds built on the CPU, the kernel's longest segment fixed at --max_length."""
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    batch = VarlenCollator(tokenizer, 4, max_length=64, position_offset=0)(features(3, 5, 2))
+    assert batch["input_ids"].shape == (1, 12)
+    assert batch["input_ids"][0].tolist() == [1, 2, 3, 1, 2, 3, 4, 5, 1, 2] + [tokenizer.pad_token_id] * 2
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 0, 0]
+    assert batch["attention_mask"].sum() == 10
+    assert batch["cu_seq_lens_q"].tolist() == [0, 3, 8, 10, 11, 12, 12]
+    assert batch["cu_seq_lens_q"].dtype == torch.int32
+    assert batch["max_length_q"] == 64
+    assert batch["labels"].tolist() == [0, 1, 2]
+    shapes = {
+        VarlenCollator(tokenizer, 4, 64)(features(*n))["input_ids"].shape for n in [(3, 5, 2), (4, 4, 4)]
+    }
+    assert shapes == {(1, 12)}
+    exact = VarlenCollator(tokenizer, 1, 64)(features(3, 5, 2))
+    assert exact["input_ids"].shape == (1, 10)
+    assert exact["cu_seq_lens_q"].tolist() == [0, 3, 8, 10, 10, 10, 10]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SHARED_MNLI.is_dir(), reason="needs ../shared/data/mnli beside the checkout")
+def test_an_mnli_epoch_meets_at_most_6_shapes_with_buckets_of_32(tmp_path):
+    """The shared MNLI rows (train and validation-matched) at --max_length 128: buckets of 32 give 4
+    lengths; a short last batch adds one shape. Shapes are (rows, length) pairs, what a compiled
+    graph or CUDA graph is specialized on. Unbucketed, the same epoch meets dozens."""
+    config = TrainConfig(
+        model_name_or_path=str(minilm_dir()),
+        train_file=str(SHARED_MNLI / "train.jsonl"),
+        validation_file=str(SHARED_MNLI / "validation_matched.jsonl"),
+        max_length=128,
+        pad_to_multiple_of="32",
+        per_device_eval_batch_size=256,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    task, splits = load_splits(config)
+    tokenized = tokenize_splits(task, splits, tokenizer, 128, Accelerator(cpu=True))
+    loaders = build_dataloaders(tokenized, tokenizer, config, world_size=1, on_gpu=False)
+    shapes = {name: {tuple(b["input_ids"].shape) for b in loader} for name, loader in loaders.items()}
+    assert len(shapes["train"]) <= 6, sorted(shapes["train"])
+    assert len(shapes["validation_matched"]) <= 6, sorted(shapes["validation_matched"])
+    assert {length for _, length in shapes["train"]} <= {32, 64, 96, 128}
+    config.pad_to_multiple_of = "1"
+    exact = build_dataloaders(tokenized, tokenizer, config, world_size=1, on_gpu=False)["train"]
+    assert len({tuple(b["input_ids"].shape) for b in exact}) > 20
