@@ -15,6 +15,7 @@ from finetune.tasks import Task
 
 CURVES_FILE = "training_curves.png"
 CURVES_SIZE_PX = (1200, 400)
+CONFUSION_FILE = "confusion_matrix.png"
 HUB_IGNORED = ["checkpoint-*", ".checkpoint-*", "best_model/*", "wandb/*", "*.partial/*"]
 
 
@@ -107,8 +108,76 @@ def write_model_card(
         "",
         f"![loss, learning rate and evaluation metrics]({CURVES_FILE})",
         "",
+        *_per_class_section(task, results),
     ]
     path.write_text("\n".join(lines))
+
+
+def _confusion(results: dict) -> tuple[str, dict] | None:
+    """The first evaluation split's confusion matrix in results (custom single-label tasks)."""
+    key = next((k for k in results if k.endswith("confusion_matrix")), None)
+    return None if key is None else (key, results[key])
+
+
+def _per_class_section(task: Task, results: dict) -> list[str]:
+    """Markdown: per-class precision, recall, F1 and support, and the confusion matrix."""
+    found = _confusion(results)
+    if found is None or not task.per_class_metrics:
+        return []
+    key, confusion = found
+    prefix = key.removesuffix("confusion_matrix")  # eval_ (or eval_<split>_)
+    names = confusion["labels"]
+    kinds = ("precision", "recall", "f1", "support")
+
+    def row(name: str, values) -> str:
+        return f"| {name} | " + " | ".join(values) + " |"
+
+    return [
+        "## Per class",
+        "",
+        "| label | precision | recall | F1 | support |",
+        "| --- | --- | --- | --- | --- |",
+        *(row(name, (f"{results.get(f'{prefix}{kind}_{name}', 0):.4g}" for kind in kinds)) for name in names),
+        "",
+        f"Confusion matrix (`{key}`; rows: true label, columns: predicted):",
+        "",
+        "| true \\ predicted | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+        *(row(name, map(str, counts)) for name, counts in zip(names, confusion["matrix"], strict=True)),
+        "",
+        f"![confusion matrix]({CONFUSION_FILE})",
+        "",
+    ]
+
+
+def plot_confusion_matrix(results: dict, png: Path) -> None:
+    """The evaluation's confusion matrix as a heat map with counts; nothing when results has none."""
+    found = _confusion(results)
+    if found is None:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    key, confusion = found
+    names, matrix = confusion["labels"], confusion["matrix"]
+    size_in = min(4 + 0.5 * len(names), 16)
+    figure, axis = plt.subplots(figsize=(size_in, size_in), dpi=100)
+    axis.imshow(matrix, cmap="Blues")
+    axis.set(
+        xticks=range(len(names)), yticks=range(len(names)), xticklabels=names, yticklabels=names,
+        xlabel="predicted", ylabel="true", title=key,
+    )  # fmt: skip
+    axis.tick_params(axis="x", labelrotation=45)
+    peak = max(max(row) for row in matrix) or 1
+    for i, row in enumerate(matrix):
+        for j, count in enumerate(row):
+            color = "white" if count > peak / 2 else "black"
+            axis.text(j, i, str(count), ha="center", va="center", color=color)
+    figure.tight_layout()
+    figure.savefig(png, dpi=100)
+    plt.close(figure)
 
 
 def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str]) -> None:
