@@ -138,7 +138,10 @@ def _multi_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tuple
         )
     if all(name.lstrip("-").isdigit() for name in names):
         return tuple(sorted(names, key=int))
-    return tuple(sorted(names))
+    spelled = {}  # a label in several cases counts once, under its first spelling in sorted order
+    for name in sorted(names):
+        spelled.setdefault(name.lower(), name)
+    return tuple(sorted(spelled.values()))
 
 
 def _multi_hot(dataset: Dataset, source: str, task: Task, separator: str) -> Dataset:

@@ -117,12 +117,15 @@ def head_labels(model_name_or_path: str) -> tuple[str, ...] | None:
 
 
 def _head_replaced(model_name_or_path: str, task: Task) -> bool:
-    """Whether the model's trained head predicts other labels than the task's, and so gets a new one
-    (settle_label_order allowed that only with --ignore_mismatched_sizes)."""
+    """Whether the model's head predicts other labels than the task's, and so gets a new one: a
+    trained head only with --ignore_mismatched_sizes (settle_label_order checked that), a generic
+    one (LABEL_i, nobody trained it) whenever its size differs."""
     head = head_labels(model_name_or_path)
-    if task.is_regression or not head or is_generic_head(head):
+    if task.is_regression or not head:
         return False
-    return {n.lower() for n in head} != {n.lower() for n in task.label_names} or len(head) != task.num_labels
+    if len(head) != task.num_labels:
+        return True
+    return not is_generic_head(head) and {n.lower() for n in head} != {n.lower() for n in task.label_names}
 
 
 def _reset_head(model) -> None:
