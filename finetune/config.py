@@ -195,7 +195,10 @@ class TrainConfig:
     )
     metric_for_best_model: str | None = _help(
         "Evaluation metric (higher is better) that picks the best model, kept in output_dir/best_model; "
-        "default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for CoLA).",
+        "default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for CoLA). "
+        "Custom classification: eval_accuracy, eval_f1_macro or a class's eval_precision_<label>, "
+        "eval_recall_<label>, eval_f1_<label>, eval_support_<label>; multi-label: eval_f1_micro, "
+        "eval_f1_macro, eval_exact_match.",
         default=None,
     )
     logging_steps: int = _help("Log loss, learning rate and throughput every N optimizer steps.", default=50)

@@ -60,13 +60,14 @@ def write_model_card(
     if not config.uses_local_files:
         metadata.append(f"datasets: [{config.dataset_name}]")
     data = (
-        {"train": config.train_file, "validation": config.validation_file}
+        {"train": config.train_file, "validation": config.validation_file or _held_out(config)}
         if config.uses_local_files
         else {"Hub": f"{config.dataset_name} ({config.dataset_config_name})"}
     )
     flags = " ".join(f"--{k} {v}" for k, v in changed_flags(config).items())
     labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)
-    scores = [(k, results[k]) for k in task.metric_keys() if k in results]
+    labels += " (multi-label: any number per text, independent sigmoids)" if task.multi_label else ""
+    scores = [(k, results[k]) for k in task.metric_keys(per_class=False) if k in results]
     lines = [
         "---",
         *metadata,
@@ -103,7 +104,8 @@ def write_model_card(
         "```python",
         "from transformers import pipeline",
         "",
-        f'classify = pipeline("text-classification", model="{config.hub_model_id or config.output_dir}")',
+        f'classify = pipeline("text-classification", model="{config.hub_model_id or config.output_dir}"'
+        + (", top_k=None)  # every label's sigmoid score" if task.multi_label else ")"),
         "```",
         "",
         f"![loss, learning rate and evaluation metrics]({CURVES_FILE})",
@@ -111,6 +113,12 @@ def write_model_card(
         *_per_class_section(task, results),
     ]
     path.write_text("\n".join(lines))
+
+
+def _held_out(config: TrainConfig) -> str | None:
+    if not config.carves_validation:
+        return None
+    return f"{config.validation_split_percentage}% of {config.train_file} (seed {config.seed}, stratified)"
 
 
 def _confusion(results: dict) -> tuple[str, dict] | None:
