@@ -178,3 +178,19 @@ def test_label_flag_mistakes(tiny_model_dir, tmp_path, capsys, flags, message):
     assert cli(args + flags) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]  # progress bars come before it
     assert error.startswith("error: ") and message in error, error
+
+
+def test_a_checkpoint_resumes_only_with_the_same_class_weights(tiny_model_dir, tmp_path, capsys):
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(random.Random(3), 64)))
+    flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "topic"]
+    flags += ["--max_train_steps", "2", "--checkpointing_steps", "2"]
+    first = tmp_path / "first"
+    main(tiny_args(tiny_model_dir, {"train": train, "validation": train}, first, *flags))
+    reset_accelerate()
+    resume = ["--resume_from_checkpoint", str(first / "checkpoint-2"), "--class_weights", "balanced"]
+    files = {"train": train, "validation": train}
+    args = tiny_args(tiny_model_dir, files, tmp_path / "second", *flags, *resume)
+    assert cli(args) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--class_weights none; this run has --class_weights balanced" in error, error
