@@ -194,3 +194,26 @@ def test_a_checkpoint_resumes_only_with_the_same_class_weights(tiny_model_dir, t
     assert cli(args) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--class_weights none; this run has --class_weights balanced" in error, error
+
+
+def test_classification_scores_agree_with_sklearn():
+    import numpy as np
+    from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_support
+
+    from finetune.metrics.classification import multi_label_scores, single_label_scores
+
+    rng = np.random.default_rng(0)
+    truth, guess = rng.integers(0, 4, 200), rng.integers(0, 3, 200)  # class 3 is never predicted
+    scores = single_label_scores(guess, truth, ("a", "b", "c", "d"))
+    precision, recall, f1, support = precision_recall_fscore_support(
+        truth, guess, labels=range(4), zero_division=0
+    )
+    for i, name in enumerate("abcd"):
+        got = [scores[f"{kind}_{name}"] for kind in ("precision", "recall", "f1", "support")]
+        assert got == pytest.approx([precision[i], recall[i], f1[i], support[i]])
+    assert scores["f1_macro"] == pytest.approx(f1_score(truth, guess, average="macro", zero_division=0))
+    assert scores["confusion_matrix"] == confusion_matrix(truth, guess, labels=range(4)).tolist()
+    truth, guess = rng.integers(0, 2, (100, 5)), rng.integers(0, 2, (100, 5))
+    scores = multi_label_scores(guess, truth)
+    assert scores["f1_micro"] == pytest.approx(f1_score(truth, guess, average="micro"))
+    assert scores["f1_macro"] == pytest.approx(f1_score(truth, guess, average="macro"))

@@ -27,10 +27,10 @@ def single_label_scores(predictions, references, names: tuple[str, ...]) -> dict
     hits, predicted, actual = np.diag(confusion), confusion.sum(axis=0), confusion.sum(axis=1)
     precision, recall = _ratio(hits, predicted), _ratio(hits, actual)
     f1 = _ratio(2 * precision * recall, precision + recall)
-    scores = {"accuracy": float(hits.sum() / max(len(references), 1)), "f1_macro": float(f1.mean())}
     per_class = dict(zip(PER_CLASS, (precision, recall, f1, actual), strict=True))
-    for i, name in enumerate(names):
-        scores.update({f"{kind}_{name}": float(values[i]) for kind, values in per_class.items()})
+    scores = {f"{kind}_{name}": float(v[i]) for i, name in enumerate(names) for kind, v in per_class.items()}
+    # Last, so a class named "macro" cannot shadow the macro average.
+    scores.update(accuracy=float(hits.sum() / max(len(references), 1)), f1_macro=float(f1.mean()))
     scores["confusion_matrix"] = confusion.tolist()
     return scores
 
