@@ -112,9 +112,8 @@ class TrainConfig:
         "Multi-label: a label is predicted when its sigmoid probability is at least this.", default=0.5
     )
     class_weights: str | None = _help(
-        "Weights of the classes in the training cross-entropy (single-label): 'balanced' (n_rows / "
-        "(n_classes * class count) of the training labels) or a comma list in label order; evaluation "
-        "loss uses them too.",
+        "Weights of the classes in the cross-entropy loss (single-label), for unbalanced data: 'balanced' "
+        "(n_rows / (n_classes * class count) of the training labels) or a comma list in label order.",
         default=None,
     )
     validation_split_percentage: int | None = _help(

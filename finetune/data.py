@@ -166,8 +166,8 @@ def _multi_hot(dataset: Dataset, source: str, task: Task, separator: str) -> Dat
 
 
 def _carve_validation(train: Dataset, config: TrainConfig, task: Task) -> tuple[Dataset, Dataset]:
-    """Collective-free and the same on every rank: --validation_split_percentage of the training rows,
-    drawn with --seed from each class alike (single-label), at random otherwise."""
+    """--validation_split_percentage of the training rows, drawn with --seed from each class alike
+    (single-label), at random otherwise; every rank draws the same rows."""
     rng = np.random.default_rng(config.seed)
     stratify = not (task.is_regression or task.multi_label)
     groups = np.asarray(train["label"]) if stratify else np.zeros(len(train), dtype=np.int64)
