@@ -69,6 +69,7 @@ TRAINING_KEYS = {
     "lr_scheduler_type": "--lr_scheduler_type",
     "seed": "--seed",
     "max_length": "--max_length",
+    "class_weights": "--class_weights",
 }
 
 
@@ -76,7 +77,8 @@ def training_config(config, task, plan, world_size: int) -> dict:
     """This run's `TrainState.training`: a checkpoint resumes only into a run with the same one."""
     return {
         "task_name": task.name,
-        "labels": "/".join(task.label_names) if task.label_names else "none (regression)",
+        "labels": ("/".join(task.label_names) if task.label_names else "none (regression)")
+        + (" (multi-label)" if task.multi_label else ""),
         "per_device_train_batch_size": config.per_device_train_batch_size,
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "world_size": world_size,
@@ -85,6 +87,7 @@ def training_config(config, task, plan, world_size: int) -> dict:
         "lr_scheduler_type": config.lr_scheduler_type,
         "seed": config.seed,
         "max_length": config.max_length,
+        "class_weights": config.class_weights or "none",
     }
 
 

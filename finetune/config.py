@@ -99,6 +99,30 @@ class TrainConfig:
         "Comma-separated text column(s) of the files, one or two; default: the task's own.", default=None
     )
     label_column: str = _help("Label column of the files (class name, class id or a float).", default="label")
+    # --- labels: the model's own head, multi-label data, class weights, a carved-out validation split
+    ignore_mismatched_sizes: bool = _help(
+        "Replace a classification head trained for other labels than the task's with a new one (by "
+        "default that is refused; a head with the task's labels in another order is always kept).",
+        default=False,
+    )
+    label_separator: str = _help(
+        "Separator of several labels in one CSV/TSV label cell (sports|politics): such cells, or JSON "
+        "lists in JSONL, make a custom task multi-label (sigmoid per label, BCE loss).",
+        default="|",
+    )
+    multi_label_threshold: float = _help(
+        "Multi-label: a label is predicted when its sigmoid probability is at least this.", default=0.5
+    )
+    class_weights: str | None = _help(
+        "Weights of the classes in the cross-entropy loss (single-label), for unbalanced data: 'balanced' "
+        "(n_rows / (n_classes * class count) of the training labels) or a comma list in label order.",
+        default=None,
+    )
+    validation_split_percentage: int | None = _help(
+        "Without --validation_file: hold out this percentage of --train_file (seeded by --seed, "
+        "stratified by label) as the validation split.",
+        default=None,
+    )
     max_length: int = _help("Longest tokenized pair in tokens; longer pairs are truncated.", default=128)
     max_train_samples: int | None = _help("Use only the first N training rows (debugging).", default=None)
     max_eval_samples: int | None = _help("Use only the first N rows of each evaluation set.", default=None)
@@ -190,7 +214,10 @@ class TrainConfig:
     )
     metric_for_best_model: str | None = _help(
         "Evaluation metric (higher is better) that picks the best model, kept in output_dir/best_model; "
-        "default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for CoLA).",
+        "default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for CoLA). "
+        "Custom classification: eval_accuracy, eval_f1_macro or a class's eval_precision_<label>, "
+        "eval_recall_<label>, eval_f1_<label>, eval_support_<label>; multi-label: eval_f1_micro, "
+        "eval_f1_macro, eval_exact_match.",
         default=None,
     )
     logging_steps: int = _help("Log loss, learning rate and throughput every N optimizer steps.", default=50)
@@ -299,10 +326,12 @@ class TrainConfig:
                 raise ConfigError(
                     f"--{name} {path}: unsupported extension; use one of {', '.join(DATA_EXTENSIONS)}"
                 )
+        self._check_label_flags()
         if self.uses_local_files:
-            if self.do_train and not (self.train_file and self.validation_file):
+            if self.do_train and not (self.train_file and (self.validation_file or self.carves_validation)):
                 raise ConfigError(
-                    "training on local files needs --train_file and --validation_file (it judges the run)"
+                    "training on local files needs --train_file and --validation_file (it judges the run), "
+                    "or --validation_split_percentage"
                 )
             if self.do_predict and not self.test_file:
                 raise ConfigError("--do_predict on local files needs --test_file")
@@ -314,6 +343,35 @@ class TrainConfig:
             raise ConfigError("give local files (--train_file/--validation_file), or a Hub --dataset_name")
         elif self.task_name == "custom":
             raise ConfigError("--task_name custom reads local files: give --train_file and --validation_file")
+
+    def _check_label_flags(self) -> None:
+        if not 0.0 < self.multi_label_threshold < 1.0:
+            raise ConfigError(f"--multi_label_threshold must be in (0, 1), got {self.multi_label_threshold}")
+        if not self.label_separator:
+            raise ConfigError("--label_separator must not be empty; the default is |")
+        cw = self.class_weights
+        if cw is not None and cw != "balanced":
+            try:
+                weights = [float(w) for w in cw.split(",")]
+            except ValueError:
+                weights = []
+            if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
+                raise ConfigError(
+                    f"--class_weights must be 'balanced' or a comma list of positive numbers, got {cw!r}"
+                )
+        p = self.validation_split_percentage
+        if p is not None:
+            if not 0 < p < 100:
+                raise ConfigError(f"--validation_split_percentage must be in 1..99, got {p}")
+            if not self.train_file or self.validation_file:
+                raise ConfigError(
+                    "--validation_split_percentage carves the validation split out of --train_file: give "
+                    "--train_file and no --validation_file"
+                )
+
+    @property
+    def carves_validation(self) -> bool:
+        return self.validation_split_percentage is not None and not self.validation_file
 
     @property
     def uses_local_files(self) -> bool:

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import csv
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
-from datasets import Dataset, Value, load_dataset
+from datasets import Dataset, List, Value, load_dataset
 from datasets.exceptions import DatasetGenerationError
 from pyarrow import ArrowException
 from torch.utils.data import DataLoader, Sampler
 from transformers import AutoConfig
 
 from finetune.config import ConfigError, TrainConfig
+from finetune.modeling import head_labels, settle_label_order
 from finetune.tasks import GLUE_TASKS, Task, custom_task
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "row")
@@ -25,7 +27,7 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
     task = GLUE_TASKS.get(config.task_name)
     columns = config.text_column_names or task.text_columns
     wanted = {
-        "train": config.do_train,
+        "train": config.do_train or config.carves_validation,
         **dict.fromkeys(task.validation_splits if task else ("validation",), True),
         "test": config.do_predict,
     }
@@ -54,18 +56,161 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
     if "test" in splits and "label" in splits["test"].column_names:
         splits["test"] = splits["test"].remove_columns("label")  # GLUE hides test labels (-1); unused here
     if task is None:
-        task = custom_task(columns, _custom_label_names(splits, config))
+        multi_label = _is_multi_label(splits, config)
+        names = _multi_label_names(splits, config) if multi_label else _custom_label_names(splits, config)
+        task = custom_task(columns, names, multi_label)
     else:
         task = task.with_columns(config.text_column_names)
+    canonical = task.label_names  # the order the data's class ids (GLUE's 0, 1, 2) are written in
+    task, _ = settle_label_order(
+        task,
+        head_labels(config.model_name_or_path),
+        config.ignore_mismatched_sizes,
+        config.do_train,
+        config.model_name_or_path,
+    )
     for name, split in splits.items():
-        if name != "test":
-            splits[name] = _normalize_labels(split, sources[name], task)
+        if name == "test":
+            continue
+        if task.multi_label:
+            splits[name] = _multi_hot(split, sources[name], task, config.label_separator)
+        else:
+            splits[name] = _normalize_labels(split, sources[name], task, canonical)
+    if config.carves_validation:
+        held_out = task.validation_splits[0]
+        splits["train"], splits[held_out] = _carve_validation(splits["train"], config, task)
+        sources[held_out] = f"{config.train_file} ({config.validation_split_percentage}% held out)"
+    task = replace(
+        task, class_weights=_class_weights(config, task, splits), threshold=config.multi_label_threshold
+    )
     limits = {"train": config.max_train_samples, "test": None}
     for name, split in splits.items():
         limit = limits.get(name, config.max_eval_samples)
         if limit is not None and limit < len(split):
             splits[name] = split.select(range(limit))
     return task, splits
+
+
+def _is_multi_label(splits: dict[str, Dataset], config: TrainConfig) -> bool:
+    """A list in a label cell (a JSON list, or --label_separator in a CSV/TSV cell) of the training
+    file; without training, the model's problem_type."""
+    if "train" not in splits:
+        return _model_problem_type(config) == "multi_label_classification"
+    train = splits["train"]
+    feature = train.features["label"]
+    if isinstance(feature, List):
+        return True
+    if isinstance(feature, Value) and feature.dtype != "string":
+        return False
+    values = train.unique("label") if isinstance(feature, Value) else train["label"]
+    return any(isinstance(v, list) or (isinstance(v, str) and config.label_separator in v) for v in values)
+
+
+def _model_problem_type(config: TrainConfig) -> str | None:
+    try:
+        return AutoConfig.from_pretrained(config.model_name_or_path).problem_type
+    except OSError:
+        raise ConfigError(
+            f"--model_name_or_path {config.model_name_or_path}: no model config there to read "
+            "the label names from"
+        ) from None
+
+
+def _label_list(value, separator: str) -> list[str]:
+    """One multi-label cell as label names: a JSON list, `a|b` text, one label, or nothing."""
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return [str(v).strip() for v in value if v is not None and str(v).strip()]
+    return [part.strip() for part in str(value).split(separator) if part.strip()]
+
+
+def _multi_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tuple[str, ...]:
+    """Sorted distinct labels of the training rows' lists; without training, the model's names."""
+    if "train" not in splits:
+        return _custom_label_names(splits, config)
+    separator = config.label_separator
+    names = {name for value in splits["train"]["label"] for name in _label_list(value, separator)}
+    if not names:
+        raise ConfigError(
+            f"--train_file {config.train_file}: every row has an empty label list; a multi-label task "
+            "needs rows tagged with at least one label"
+        )
+    if all(name.lstrip("-").isdigit() for name in names):
+        return tuple(sorted(names, key=int))
+    spelled = {}  # a label in several cases counts once, under its first spelling in sorted order
+    for name in sorted(names):
+        spelled.setdefault(name.lower(), name)
+    return tuple(sorted(spelled.values()))
+
+
+def _multi_hot(dataset: Dataset, source: str, task: Task, separator: str) -> Dataset:
+    """Each row's label list as a float 0/1 vector in the task's label order (names in any case)."""
+    to_id = {name.lower(): i for i, name in enumerate(task.label_names)}
+    values = dataset["label"]
+    rows = [_label_list(v, separator) for v in values]
+    for row, names in enumerate(rows):
+        bad = [n for n in names if n.lower() not in to_id]
+        if bad:
+            raise ConfigError(
+                f"{source}: label value(s) {', '.join(repr(b) for b in bad[:5])} (first at row {row}) "
+                f"are not in {'/'.join(task.label_names)}"
+            )
+    vectors = np.zeros((len(rows), task.num_labels), dtype=np.float32)
+    for row, names in enumerate(rows):
+        vectors[row, [to_id[n.lower()] for n in names]] = 1.0
+    features = dataset.features.copy()
+    features["label"] = List(Value("float32"))
+    dataset = dataset.remove_columns("label")
+    return dataset.add_column("label", vectors.tolist(), feature=features["label"])
+
+
+def _carve_validation(train: Dataset, config: TrainConfig, task: Task) -> tuple[Dataset, Dataset]:
+    """--validation_split_percentage of the training rows, drawn with --seed from each class alike
+    (single-label), at random otherwise; every rank draws the same rows."""
+    rng = np.random.default_rng(config.seed)
+    stratify = not (task.is_regression or task.multi_label)
+    groups = np.asarray(train["label"]) if stratify else np.zeros(len(train), dtype=np.int64)
+    held = []
+    for value in np.unique(groups):
+        rows = np.flatnonzero(groups == value)
+        rng.shuffle(rows)
+        held.extend(rows[: round(len(rows) * config.validation_split_percentage / 100)].tolist())
+    if not held or len(held) == len(train):
+        raise ConfigError(
+            f"--validation_split_percentage {config.validation_split_percentage} of the {len(train)} rows "
+            f"of {config.train_file} leaves no validation or no training rows; change it"
+        )
+    kept = np.ones(len(train), dtype=bool)
+    kept[held] = False
+    return train.select(np.flatnonzero(kept).tolist()), train.select(sorted(held))
+
+
+def _class_weights(config: TrainConfig, task: Task, splits: dict[str, Dataset]) -> tuple[float, ...] | None:
+    """--class_weights as one weight per class in the task's label order; 'balanced' from the
+    training labels, as sklearn's compute_class_weight."""
+    if config.class_weights is None:
+        return None
+    if task.is_regression or task.multi_label:
+        raise ConfigError("--class_weights is for single-label classification; drop it for this task")
+    names = task.label_names
+    if config.class_weights != "balanced":
+        weights = tuple(float(w) for w in config.class_weights.split(","))
+        if len(weights) != len(names):
+            raise ConfigError(
+                f"--class_weights has {len(weights)} weights; give one per label, in the order "
+                f"{','.join(names)}"
+            )
+        return weights
+    if "train" not in splits:
+        return None  # only the training loss uses them
+    counts = np.bincount(np.asarray(splits["train"]["label"]), minlength=len(names))
+    if (counts == 0).any():
+        missing = ", ".join(n for n, c in zip(names, counts, strict=True) if c == 0)
+        raise ConfigError(
+            f"--class_weights balanced: no training row has the label(s) {missing}; give a comma list instead"
+        )
+    return tuple(float(w) for w in counts.sum() / (len(names) * counts))
 
 
 def _load_file(path: str, columns: tuple[str, ...]) -> Dataset:
@@ -101,7 +246,13 @@ def _load_file(path: str, columns: tuple[str, ...]) -> Dataset:
 def _mixed_columns_as_text(dataset: Dataset, columns: tuple[str, ...]) -> Dataset:
     """A JSON column whose rows mix types (labels 0, 1 and "neutral") arrives as untyped JSON values,
     which Arrow can't compare; as text they read as a CSV's would."""
-    mixed = [c for c in columns if c in dataset.column_names and not isinstance(dataset.features[c], Value)]
+    mixed = [
+        c
+        for c in columns
+        if c in dataset.column_names
+        and not isinstance(dataset.features[c], (Value, List))
+        and not any(isinstance(v, list) for v in dataset[c])  # multi-label lists among single labels
+    ]
     if not mixed:
         return dataset
     features = dataset.features.copy()
@@ -162,8 +313,11 @@ def _custom_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tupl
     return tuple(sorted({str(v).strip() for v in values}))
 
 
-def _normalize_labels(dataset: Dataset, source: str, task: Task) -> Dataset:
-    """Class ids in the task's order, from names (any case) or, for GLUE tasks, ids; regression: float32."""
+def _normalize_labels(
+    dataset: Dataset, source: str, task: Task, canonical: tuple[str, ...] | None = None
+) -> Dataset:
+    """Class ids in the task's order, from names (any case) or, for GLUE tasks, ids in the `canonical`
+    order (the task's own, before the model's head reordered it); regression: float32."""
     features = dataset.features.copy()
     if task.is_regression:
         if dataset.features["label"].dtype not in ("float32", "float64", "int32", "int64"):
@@ -174,8 +328,11 @@ def _normalize_labels(dataset: Dataset, source: str, task: Task) -> Dataset:
     if task.name == "custom":  # the inferred names are the labels as written (integers: as digits)
         to_id = {int(name): i for i, name in enumerate(names) if name.lstrip("-").isdigit()}
     else:  # GLUE files hold class ids, Hub-style, or names
-        to_id = {i: i for i in range(len(names))} | {str(i): i for i in range(len(names))}
+        position = {name.lower(): i for i, name in enumerate(names)}
+        ids = [position[name.lower()] for name in (canonical or names)]
+        to_id = {i: ids[i] for i in range(len(names))} | {str(i): ids[i] for i in range(len(names))}
     to_id.update({name.lower(): i for i, name in enumerate(names)})
+    reordered = canonical is not None and tuple(canonical) != tuple(names)
 
     def key(value):
         return value.strip().lower() if isinstance(value, str) else value
@@ -186,7 +343,7 @@ def _normalize_labels(dataset: Dataset, source: str, task: Task) -> Dataset:
         shown = ", ".join(repr(v) for v in bad[:5])
         allowed = "/".join(names) if task.name == "custom" else f"0..{len(names) - 1} or {'/'.join(names)}"
         raise ConfigError(f"{source}: label value(s) {shown} (first at row {first_row}) are not in {allowed}")
-    if all(isinstance(v, int) for v in dataset.unique("label")) and task.name != "custom":
+    if all(isinstance(v, int) for v in dataset.unique("label")) and task.name != "custom" and not reordered:
         return dataset
     features["label"] = Value("int64")
     return dataset.map(

@@ -8,6 +8,7 @@ import evaluate as hf_evaluate
 import torch
 import torch.nn.functional as F
 
+from finetune.metrics.classification import multi_label_scores, single_label_scores
 from finetune.tasks import Task, eval_key
 
 METRICS_DIR = Path(__file__).parent / "metrics"
@@ -23,10 +24,19 @@ def load_metric(task: Task, accelerator):
 
 
 def loss_sum(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Tensor:
-    """Summed over the batch, in fp32 whatever the autocast dtype: cross-entropy, or squared error."""
+    """Summed over the batch, in fp32 whatever the autocast dtype: cross-entropy (each row weighted
+    by its class's --class_weights), squared error, or for multi-label rows binary cross-entropy
+    averaged over the labels (transformers' BCEWithLogitsLoss per row)."""
     if task.is_regression:
         return F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
-    return F.cross_entropy(logits.float(), labels, reduction="sum")
+    if task.multi_label:
+        bce = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
+        return bce / logits.shape[-1]
+    # Unnormalized (the sum of weight x loss, not divided by the weights): 'balanced' weights
+    # average 1 over the training rows, so the loss keeps its scale.
+    weights = task.class_weights
+    weight = None if weights is None else torch.tensor(weights, dtype=torch.float32, device=logits.device)
+    return F.cross_entropy(logits.float(), labels, weight=weight, reduction="sum")
 
 
 class EvaluationAbandoned(Exception):
@@ -43,7 +53,10 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
     results = {}
     for split, loader in eval_loaders.items():
         scores = evaluate(accelerator, model, loader, metric, task, should_stop)
-        results.update({eval_key(split, m): scores[m] for m in task.metrics})
+        results.update({eval_key(split, m): scores[m] for m in task.metrics + task.per_class_metrics})
+        if "confusion_matrix" in scores:  # rows: true label, columns: predicted; not sent to trackers
+            matrix = {"labels": list(task.label_names), "matrix": scores["confusion_matrix"]}
+            results[eval_key(split, "confusion_matrix")] = matrix
         results[eval_key(split, "samples")] = scores["samples"]
     return results
 
@@ -51,9 +64,19 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
 def evaluate(accelerator, model, loader, metric, task: Task, should_stop=None) -> dict:
     """Collective: metrics over the whole split, each row counted exactly once across ranks."""
     references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop)
+    scores = _scores(logits, references, metric, task)
+    return {**scores, "samples": len(references)}
+
+
+def _scores(logits: torch.Tensor, references: torch.Tensor, metric, task: Task) -> dict:
+    """GLUE tasks and regression: the GLUE metric module; custom classification: finetune.metrics."""
+    if task.multi_label:
+        return multi_label_scores((logits.sigmoid() >= task.threshold).numpy(), references.numpy())
+    if task.name == "custom" and not task.is_regression:
+        return single_label_scores(logits.argmax(dim=-1).numpy(), references.numpy(), task.label_names)
     predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(dim=-1)
     scores = metric.compute(predictions=predictions.numpy(), references=references.numpy())
-    return {**{k: float(v) for k, v in scores.items()}, "samples": len(references)}
+    return {k: float(v) for k, v in scores.items()}
 
 
 def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]:
@@ -71,6 +94,13 @@ def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]
     if task.is_regression:
         return [{"row": i, "score": score} for i, score in enumerate(logits.squeeze(-1).tolist())]
     names = task.label_names
+    if task.multi_label:  # independent sigmoids: every label at or over --multi_label_threshold
+        probabilities = logits.sigmoid()
+        return [
+            {"row": i, "labels": [n for n, p in zip(names, row, strict=True) if p >= task.threshold],
+             "probabilities": dict(zip(names, row, strict=True))}
+            for i, row in enumerate(probabilities.tolist())
+        ]  # fmt: skip
     labels = logits.argmax(dim=-1).tolist()
     return [
         {"row": i, "label": names[label], "probabilities": dict(zip(names, p, strict=True))}

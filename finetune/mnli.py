@@ -41,7 +41,15 @@ from finetune.lock import release_lock, take_lock
 from finetune.loop import Run, model_flops_utilization, train
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
 from finetune.padding_free import resolve_padding_free, use_padding_free
-from finetune.report import CURVES_FILE, hardware, plot_training_curves, push_to_hub, write_model_card
+from finetune.report import (
+    CONFUSION_FILE,
+    CURVES_FILE,
+    hardware,
+    plot_confusion_matrix,
+    plot_training_curves,
+    push_to_hub,
+    write_model_card,
+)
 from finetune.runtime import (
     StopSignals,
     TrainingFailed,
@@ -113,7 +121,12 @@ def setup(config: TrainConfig) -> Run:
     set_seed(config.seed)
 
     task, splits = load_splits(config)
-    measured = [eval_key(s, m) for s in task.validation_splits if s in splits for m in task.metrics]
+    measured = [
+        eval_key(s, m)
+        for s in task.validation_splits
+        if s in splits
+        for m in task.metrics + task.per_class_metrics
+    ]
     # Resolved here, where the task is known, so train_config.json shows what picked the best model.
     config.metric_for_best_model = config.metric_for_best_model or (measured[0] if measured else None)
     if config.do_train and config.metric_for_best_model not in measured:
@@ -248,11 +261,13 @@ def execute(run: Run) -> dict:
         if config.do_train:
             with writing(CURVES_FILE, output_dir):
                 plot_training_curves(
-                    output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys()
+                    output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys(per_class=False)
                 )
             wall_s = time.perf_counter() - run.started_s
             with writing("the model card (README.md)", output_dir):
                 write_model_card(output_dir / "README.md", config, task, results, run.rows, machine, wall_s)
+        with writing(CONFUSION_FILE, output_dir):  # custom single-label tasks only
+            plot_confusion_matrix(results, output_dir / CONFUSION_FILE)
         # Last: results.json marks a finished run.
         with writing("results.json", output_dir):
             (output_dir / "results.json").write_text(json.dumps(results, indent=2))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,11 +19,11 @@ def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: in
         # Given in full: a base model's config.json may carry another head's id2label.
         head = {"id2label": {0: "LABEL_0"}, "label2id": {"LABEL_0": 0}, "problem_type": "regression"}
     else:
-        names = task.label_names
+        names = task.label_names  # in the order of the model's own head when it has one (settle_label_order)
         head = {  # id2label sets num_labels
             "id2label": dict(enumerate(names)),
             "label2id": {name: i for i, name in enumerate(names)},
-            "problem_type": "single_label_classification",
+            "problem_type": f"{'multi' if task.multi_label else 'single'}_label_classification",
         }
     folder = Path(model_name_or_path)
     if folder.is_dir() and (folder / "config.json").is_file() and not _has_tokenizer_files(folder):
@@ -33,8 +34,14 @@ def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: in
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
+        replaced = _head_replaced(model_name_or_path, task)
         model_config = AutoConfig.from_pretrained(model_name_or_path, **head)
-        model = AutoModelForSequenceClassification.from_pretrained(model_name_or_path, config=model_config)
+        # A head of another size is new anyway: transformers initializes it instead of refusing.
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_name_or_path, config=model_config, ignore_mismatched_sizes=replaced
+        )
+        if replaced:
+            _reset_head(model)
     except SafetensorError as error:
         raise ConfigError(
             f"--model_name_or_path {model_name_or_path}: a weights file there is damaged ({error}); "
@@ -63,6 +70,72 @@ def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: in
             "(its special tokens plus one per text); raise it"
         )
     return model, tokenizer
+
+
+def is_generic_head(names: tuple[str, ...]) -> bool:
+    """transformers' default names LABEL_0..LABEL_{n-1}: a head nobody named, treated as untrained."""
+    return tuple(names) == tuple(f"LABEL_{i}" for i in range(len(names)))
+
+
+def settle_label_order(
+    task: Task, head: tuple[str, ...] | None, ignore_mismatched_sizes: bool, training: bool, model: str
+) -> tuple[Task, bool]:
+    """The task in the label order of the model's trained classification head `head` (its id2label),
+    when its names are the task's (as sets, any case); and whether the head must be replaced.
+
+    A head with other labels is replaced only with --ignore_mismatched_sizes and only when training;
+    no head, a generic one (LABEL_i) or regression: the task's own order, as before."""
+    if task.is_regression or not head or is_generic_head(head):
+        return task, False
+    ours = {name.lower(): name for name in task.label_names}
+    if len(ours) == len(head) and set(ours) == {name.lower() for name in head}:
+        return replace(task, label_names=tuple(ours[name.lower()] for name in head)), False
+    theirs, wanted = "/".join(head), "/".join(task.label_names)
+    if not training:
+        raise ConfigError(
+            f"--model_name_or_path {model}: its head predicts {theirs}, the task's labels are {wanted}; "
+            "evaluate a model trained for these labels"
+        )
+    if not ignore_mismatched_sizes:
+        raise ConfigError(
+            f"--model_name_or_path {model}: its head predicts {theirs}, the task's labels are {wanted}; "
+            "pass --ignore_mismatched_sizes to replace the head with a new one"
+        )
+    return task, True
+
+
+def head_labels(model_name_or_path: str) -> tuple[str, ...] | None:
+    """The label names of the model's classification head, in id order (config.json's id2label); None
+    for no readable config or a regression head. Cheap: reads config.json only."""
+    try:
+        model_config = AutoConfig.from_pretrained(model_name_or_path)
+    except (OSError, ValueError):  # load_model_and_tokenizer names the problem
+        return None
+    if model_config.problem_type == "regression" or not model_config.id2label:
+        return None
+    return tuple(model_config.id2label[i] for i in range(model_config.num_labels))
+
+
+def _head_replaced(model_name_or_path: str, task: Task) -> bool:
+    """Whether the model's head predicts other labels than the task's, and so gets a new one: a
+    trained head only with --ignore_mismatched_sizes (settle_label_order checked that), a generic
+    one (LABEL_i, nobody trained it) whenever its size differs."""
+    head = head_labels(model_name_or_path)
+    if task.is_regression or not head:
+        return False
+    if len(head) != task.num_labels:
+        return True
+    return not is_generic_head(head) and {n.lower() for n in head} != {n.lower() for n in task.label_names}
+
+
+def _reset_head(model) -> None:
+    """Every module outside the encoder (the classification head) freshly initialized, as a new head
+    is: with as many labels as before, transformers would keep the old, meaningless weights."""
+    for name, module in model.named_modules():
+        if name and not name.startswith(model.base_model_prefix):
+            for param in module.parameters(recurse=False):
+                param._is_hf_initialized = False  # transformers' init skips weights it loaded
+            model._init_weights(module)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",

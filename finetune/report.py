@@ -15,6 +15,7 @@ from finetune.tasks import Task
 
 CURVES_FILE = "training_curves.png"
 CURVES_SIZE_PX = (1200, 400)
+CONFUSION_FILE = "confusion_matrix.png"
 HUB_IGNORED = ["checkpoint-*", ".checkpoint-*", "best_model/*", "wandb/*", "*.partial/*"]
 
 
@@ -59,13 +60,14 @@ def write_model_card(
     if not config.uses_local_files:
         metadata.append(f"datasets: [{config.dataset_name}]")
     data = (
-        {"train": config.train_file, "validation": config.validation_file}
+        {"train": config.train_file, "validation": config.validation_file or _held_out(config)}
         if config.uses_local_files
         else {"Hub": f"{config.dataset_name} ({config.dataset_config_name})"}
     )
     flags = " ".join(f"--{k} {v}" for k, v in changed_flags(config).items())
     labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)
-    scores = [(k, results[k]) for k in task.metric_keys() if k in results]
+    labels += " (multi-label: any number per text, independent sigmoids)" if task.multi_label else ""
+    scores = [(k, results[k]) for k in task.metric_keys(per_class=False) if k in results]
     lines = [
         "---",
         *metadata,
@@ -102,13 +104,88 @@ def write_model_card(
         "```python",
         "from transformers import pipeline",
         "",
-        f'classify = pipeline("text-classification", model="{config.hub_model_id or config.output_dir}")',
+        f'classify = pipeline("text-classification", model="{config.hub_model_id or config.output_dir}"'
+        + (", top_k=None)  # every label's sigmoid score" if task.multi_label else ")"),
         "```",
         "",
         f"![loss, learning rate and evaluation metrics]({CURVES_FILE})",
         "",
+        *_per_class_section(task, results),
     ]
     path.write_text("\n".join(lines))
+
+
+def _held_out(config: TrainConfig) -> str | None:
+    if not config.carves_validation:
+        return None
+    return f"{config.validation_split_percentage}% of {config.train_file} (seed {config.seed}, stratified)"
+
+
+def _confusion(results: dict) -> tuple[str, dict] | None:
+    """The first evaluation split's confusion matrix in results (custom single-label tasks)."""
+    key = next((k for k in results if k.endswith("confusion_matrix")), None)
+    return None if key is None else (key, results[key])
+
+
+def _per_class_section(task: Task, results: dict) -> list[str]:
+    """Markdown: per-class precision, recall, F1 and support, and the confusion matrix."""
+    found = _confusion(results)
+    if found is None or not task.per_class_metrics:
+        return []
+    key, confusion = found
+    prefix = key.removesuffix("confusion_matrix")  # eval_ (or eval_<split>_)
+    names = confusion["labels"]
+    kinds = ("precision", "recall", "f1", "support")
+
+    def row(name: str, values) -> str:
+        return f"| {name} | " + " | ".join(values) + " |"
+
+    return [
+        "## Per class",
+        "",
+        "| label | precision | recall | F1 | support |",
+        "| --- | --- | --- | --- | --- |",
+        *(row(name, (f"{results.get(f'{prefix}{kind}_{name}', 0):.4g}" for kind in kinds)) for name in names),
+        "",
+        f"Confusion matrix (`{key}`; rows: true label, columns: predicted):",
+        "",
+        "| true \\ predicted | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+        *(row(name, map(str, counts)) for name, counts in zip(names, confusion["matrix"], strict=True)),
+        "",
+        f"![confusion matrix]({CONFUSION_FILE})",
+        "",
+    ]
+
+
+def plot_confusion_matrix(results: dict, png: Path) -> None:
+    """The evaluation's confusion matrix as a heat map with counts; nothing when results has none."""
+    found = _confusion(results)
+    if found is None:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    key, confusion = found
+    names, matrix = confusion["labels"], confusion["matrix"]
+    size_in = min(4 + 0.5 * len(names), 16)
+    figure, axis = plt.subplots(figsize=(size_in, size_in), dpi=100)
+    axis.imshow(matrix, cmap="Blues")
+    axis.set(
+        xticks=range(len(names)), yticks=range(len(names)), xticklabels=names, yticklabels=names,
+        xlabel="predicted", ylabel="true", title=key,
+    )  # fmt: skip
+    axis.tick_params(axis="x", labelrotation=45)
+    peak = max(max(row) for row in matrix) or 1
+    for i, row in enumerate(matrix):
+        for j, count in enumerate(row):
+            color = "white" if count > peak / 2 else "black"
+            axis.text(j, i, str(count), ha="center", va="center", color=color)
+    figure.tight_layout()
+    figure.savefig(png, dpi=100)
+    plt.close(figure)
 
 
 def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str]) -> None:

@@ -16,6 +16,12 @@ class Task:
     """What the GLUE paper reports for it; the first picks the best model by default."""
     validation_splits: tuple[str, ...] = ("validation",)
     """Hub split names, also the keys of the evaluation loaders."""
+    multi_label: bool = False
+    """Each row holds any number of the labels (a multi-hot vector; sigmoid and BCE), not one."""
+    class_weights: tuple[float, ...] | None = None
+    """Per-class weights of the training cross-entropy (--class_weights), in label order."""
+    threshold: float = 0.5
+    """Multi-label: the sigmoid probability at which a label counts as predicted."""
 
     @property
     def is_regression(self) -> bool:
@@ -25,9 +31,18 @@ class Task:
     def num_labels(self) -> int:
         return 1 if self.label_names is None else len(self.label_names)
 
-    def metric_keys(self) -> list[str]:
-        """The keys evaluation writes: eval_<metric>, or eval_<split>_<metric> for MNLI's two sets."""
-        return [eval_key(split, metric) for split in self.validation_splits for metric in self.metrics]
+    @property
+    def per_class_metrics(self) -> tuple[str, ...]:
+        """A custom single-label task's precision_<label>, recall_<label>, f1_<label>, support_<label>."""
+        if self.name != "custom" or self.is_regression or self.multi_label:
+            return ()
+        return tuple(f"{kind}_{name}" for name in self.label_names for kind in PER_CLASS)
+
+    def metric_keys(self, per_class: bool = True) -> list[str]:
+        """The keys evaluation writes: eval_<metric>, or eval_<split>_<metric> for MNLI's two sets;
+        per_class=False leaves out the per-class ones (curves, the card's headline table)."""
+        metrics = self.metrics + (self.per_class_metrics if per_class else ())
+        return [eval_key(split, metric) for split in self.validation_splits for metric in metrics]
 
     def with_columns(self, text_columns: tuple[str, ...] | None) -> Task:
         return self if text_columns is None else replace(self, text_columns=text_columns)
@@ -59,7 +74,18 @@ GLUE_TASKS = {
 TASK_CHOICES = (*GLUE_TASKS, "custom")
 
 
-def custom_task(text_columns: tuple[str, ...], label_names: tuple[str, ...] | None) -> Task:
-    """Your own files: labels inferred from the training file (float labels mean regression)."""
-    metrics = ("pearson", "spearmanr") if label_names is None else ("accuracy",)
-    return Task("custom", text_columns, label_names, metrics)
+PER_CLASS = ("precision", "recall", "f1", "support")
+
+
+def custom_task(
+    text_columns: tuple[str, ...], label_names: tuple[str, ...] | None, multi_label: bool = False
+) -> Task:
+    """Your own files: labels inferred from the training file (float labels mean regression, lists
+    multi-label)."""
+    if label_names is None:
+        metrics = ("pearson", "spearmanr")
+    elif multi_label:
+        metrics = ("f1_micro", "f1_macro", "exact_match")
+    else:
+        metrics = ("accuracy", "f1_macro")
+    return Task("custom", text_columns, label_names, metrics, multi_label=multi_label)

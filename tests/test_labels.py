@@ -1,0 +1,219 @@
+"""The model's own labels, metrics of custom classification, class weights, a carved validation split."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+import torch
+
+from finetune.mnli import cli, main
+from tests.helpers import reset_accelerate, tiny_args, weights
+
+MNLI_ORDER = ("entailment", "neutral", "contradiction")
+ROBERTA_MNLI_ORDER = ("contradiction", "neutral", "entailment")  # roberta-large-mnli's head
+
+
+def _with_head(model_dir, folder, names, order=None):
+    """A copy of a model whose head predicts `names`; `order` permutes the trained head's rows, so
+    the copy scores exactly what the original does, under another id order."""
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["id2label"] = dict(enumerate(names))
+    config["label2id"] = {name: i for i, name in enumerate(names)}
+    (folder / "config.json").write_text(json.dumps(config))
+    if order is not None:
+        from safetensors.torch import save_file
+
+        state = weights(folder)
+        for key in ("classifier.weight", "classifier.bias"):
+            state[key] = state[key][list(order)].contiguous()
+        save_file(state, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reordered(trained, tmp_path_factory):
+    """The trained MNLI model with its head ordered contradiction, neutral, entailment."""
+    order = [MNLI_ORDER.index(name) for name in ROBERTA_MNLI_ORDER]
+    return _with_head(trained[0], tmp_path_factory.mktemp("head") / "model", ROBERTA_MNLI_ORDER, order)
+
+
+def test_a_head_in_another_label_order_scores_what_the_model_scores(trained, reordered, nli_files, tmp_path):
+    # The files hold GLUE's class ids (0 = entailment): they are mapped onto the head's ids.
+    results = main(tiny_args(reordered, nli_files, tmp_path / "eval", "--do_train", "false"))
+    assert results["eval_matched_accuracy"] == trained[1]["eval_matched_accuracy"]
+    reset_accelerate()
+    # Fine-tuning it further (a step too small to change a prediction) keeps the head's order.
+    out = tmp_path / "more"
+    args = ["--max_train_steps", "1", "--learning_rate", "1e-12", "--warmup_ratio", "0"]
+    results = main(tiny_args(reordered, nli_files, out, *args))
+    assert results["eval_matched_accuracy"] == trained[1]["eval_matched_accuracy"]
+    saved = json.loads((out / "config.json").read_text())
+    assert tuple(saved["id2label"].values()) == ROBERTA_MNLI_ORDER
+
+
+def test_a_head_with_other_labels_needs_ignore_mismatched_sizes(trained, nli_files, tmp_path, capsys):
+    other = _with_head(trained[0], tmp_path / "other", ("sports", "politics", "weather"))
+    for extra in ((), ("--do_train", "false")):
+        assert cli(tiny_args(other, nli_files, tmp_path / "out", *extra)) == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]  # progress bars come before it
+        assert error.startswith("error: ") and "sports/politics/weather" in error
+        assert "entailment/neutral/contradiction" in error
+        assert ("--ignore_mismatched_sizes" in error) == (not extra)
+    out = tmp_path / "replaced"
+    args = ["--ignore_mismatched_sizes", "--max_train_steps", "1", "--learning_rate", "1e-12"]
+    main(tiny_args(other, nli_files, out, *args))
+    saved = json.loads((out / "config.json").read_text())
+    assert tuple(saved["id2label"].values()) == MNLI_ORDER
+    before, after = weights(other), weights(out)
+    # A new head (freshly initialized, not the old rows relabelled); the encoder as it was.
+    assert not torch.allclose(before["classifier.weight"], after["classifier.weight"], atol=1e-3)
+    torch.testing.assert_close(before["bert.pooler.dense.weight"], after["bert.pooler.dense.weight"])
+
+
+def test_label_order_decision():
+    from finetune.modeling import settle_label_order
+    from finetune.tasks import GLUE_TASKS
+
+    mnli = GLUE_TASKS["mnli"]
+    for head in (None, ("LABEL_0", "LABEL_1", "LABEL_2")):  # no head, or one nobody trained
+        assert settle_label_order(mnli, head, False, True, "m") == (mnli, False)
+    task, replaced = settle_label_order(mnli, ("CONTRADICTION", "Neutral", "entailment"), False, False, "m")
+    assert task.label_names == ROBERTA_MNLI_ORDER and not replaced
+    assert settle_label_order(mnli, ("a", "b", "c"), True, True, "m") == (mnli, True)
+
+
+def _unbalanced_rows(rng, n):
+    """A sentence naming one of three topics; 'sports' is 4 times as common as the others."""
+    words = {"sports": ["football", "tennis"], "politics": ["election", "vote"], "weather": ["rain", "snow"]}
+    rows = []
+    for _ in range(n):
+        label = rng.choice(["sports"] * 4 + ["politics", "weather"])
+        rows.append({"text": f"news about {rng.choice(words[label])} today", "topic": label})
+    return rows
+
+
+def test_custom_classification_metrics_class_weights_and_a_carved_validation_split(tiny_model_dir, tmp_path):
+    rng = random.Random(0)
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(rng, 300)))
+    out = tmp_path / "out"
+    flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "topic"]
+    flags += ["--validation_split_percentage", "20", "--class_weights", "balanced"]
+    flags += ["--metric_for_best_model", "eval_f1_weather", "--num_train_epochs", "3"]
+    args = tiny_args(tiny_model_dir, {"train": train, "validation": ""}, out, *flags)
+    at = args.index("--validation_file")
+    del args[at : at + 2]  # one data file only
+    results = main(args)
+    names = ("politics", "sports", "weather")
+    confusion = results["eval_confusion_matrix"]
+    assert confusion["labels"] == list(names)
+    assert sum(map(sum, confusion["matrix"])) == results["eval_samples"] == 60  # 20% of 300, per class
+    assert [sum(row) for row in confusion["matrix"]] == [results[f"eval_support_{n}"] for n in names]
+    for name in names:
+        assert {f"eval_{k}_{name}" for k in ("precision", "recall", "f1")} <= results.keys()
+    assert results["eval_f1_macro"] == pytest.approx(sum(results[f"eval_f1_{n}"] for n in names) / 3)
+    assert results["eval_accuracy"] > 0.9, results  # the topic word decides it
+    assert results["best_metric"] is not None
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["eval_confusion_matrix"] == confusion
+    assert (out / "confusion_matrix.png").stat().st_size > 0
+    card = (out / "README.md").read_text()
+    assert "| sports |" in card and "confusion_matrix.png" in card
+    trained_with = json.loads((out / "train_config.json").read_text())
+    assert trained_with["metric_for_best_model"] == "eval_f1_weather"
+
+
+def test_balanced_class_weights_weight_the_training_loss(tiny_model_dir, tmp_path):
+    from finetune.config import TrainConfig
+    from finetune.data import load_splits
+    from finetune.evaluation import loss_sum
+
+    rng = random.Random(1)
+    train = tmp_path / "train.jsonl"
+    rows = _unbalanced_rows(rng, 200)
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = dict(task_name="custom", text_columns="text", label_column="topic", train_file=str(train))
+    config = TrainConfig(**common, validation_split_percentage=10, class_weights="balanced",
+                         model_name_or_path=str(tiny_model_dir))  # fmt: skip
+    task, splits = load_splits(config)
+    counts = [sum(r["topic"] == name for r in rows) for name in task.label_names]
+    trained_on = [splits["train"]["label"].count(i) for i in range(3)]  # the rows left for training
+    assert task.class_weights == pytest.approx([180 / (3 * c) for c in trained_on])
+    # Seeded and stratified: each class gives 10% of its rows, the same ones for the same seed.
+    labels = splits["validation"]["label"]
+    assert [labels.count(i) for i in range(3)] == [round(c / 10) for c in counts]
+    assert load_splits(config)[1]["validation"]["text"] == splits["validation"]["text"]
+    assert len(splits["train"]) + len(splits["validation"]) == 200
+    logits, targets = torch.randn(5, 3), torch.tensor([0, 1, 2, 1, 1])
+    expected = sum(
+        task.class_weights[t] * torch.nn.functional.cross_entropy(logits[i : i + 1], targets[i : i + 1])
+        for i, t in enumerate(targets.tolist())
+    )
+    torch.testing.assert_close(loss_sum(logits, targets, task), expected)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--class_weights", "1,x"], "--class_weights must be 'balanced' or a comma list"),
+        (["--class_weights", "1,2"], "--class_weights has 2 weights; give one per label"),
+        (["--validation_split_percentage", "0"], "--validation_split_percentage must be in 1..99"),
+        (["--validation_split_percentage", "10", "--validation_file", "v.jsonl"], "no --validation_file"),
+        ([], "or --validation_split_percentage"),
+        (["--metric_for_best_model", "eval_f1_nope"], "--metric_for_best_model eval_f1_nope"),
+    ],
+)
+def test_label_flag_mistakes(tiny_model_dir, tmp_path, capsys, flags, message):
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(random.Random(2), 40)))
+    args = ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(train), "--task_name", "custom",
+            "--text_columns", "text", "--label_column", "topic", "--output_dir", str(tmp_path / "out"),
+            "--report_to", "none"]  # fmt: skip
+    if "--validation_file" not in flags and flags[:1] != ["--validation_split_percentage"] and flags:
+        args += ["--validation_split_percentage", "25"]
+    assert cli(args + flags) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # progress bars come before it
+    assert error.startswith("error: ") and message in error, error
+
+
+def test_a_checkpoint_resumes_only_with_the_same_class_weights(tiny_model_dir, tmp_path, capsys):
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(random.Random(3), 64)))
+    flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "topic"]
+    flags += ["--max_train_steps", "2", "--checkpointing_steps", "2"]
+    first = tmp_path / "first"
+    main(tiny_args(tiny_model_dir, {"train": train, "validation": train}, first, *flags))
+    reset_accelerate()
+    resume = ["--resume_from_checkpoint", str(first / "checkpoint-2"), "--class_weights", "balanced"]
+    files = {"train": train, "validation": train}
+    args = tiny_args(tiny_model_dir, files, tmp_path / "second", *flags, *resume)
+    assert cli(args) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--class_weights none; this run has --class_weights balanced" in error, error
+
+
+def test_classification_scores_agree_with_sklearn():
+    import numpy as np
+    from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_support
+
+    from finetune.metrics.classification import multi_label_scores, single_label_scores
+
+    rng = np.random.default_rng(0)
+    truth, guess = rng.integers(0, 4, 200), rng.integers(0, 3, 200)  # class 3 is never predicted
+    scores = single_label_scores(guess, truth, ("a", "b", "c", "d"))
+    precision, recall, f1, support = precision_recall_fscore_support(
+        truth, guess, labels=range(4), zero_division=0
+    )
+    for i, name in enumerate("abcd"):
+        got = [scores[f"{kind}_{name}"] for kind in ("precision", "recall", "f1", "support")]
+        assert got == pytest.approx([precision[i], recall[i], f1[i], support[i]])
+    assert scores["f1_macro"] == pytest.approx(f1_score(truth, guess, average="macro", zero_division=0))
+    assert scores["confusion_matrix"] == confusion_matrix(truth, guess, labels=range(4)).tolist()
+    truth, guess = rng.integers(0, 2, (100, 5)), rng.integers(0, 2, (100, 5))
+    scores = multi_label_scores(guess, truth)
+    assert scores["f1_micro"] == pytest.approx(f1_score(truth, guess, average="micro"))
+    assert scores["f1_macro"] == pytest.approx(f1_score(truth, guess, average="macro"))
