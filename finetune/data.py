@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import AutoConfig
 
 from finetune.config import ConfigError, TrainConfig
+from finetune.loading import loading_error
 from finetune.tasks import GLUE_TASKS, Task, custom_task
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "row")
@@ -139,7 +140,13 @@ def _custom_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tupl
     (regression). Without training, the names the model was trained with (its config.json)."""
     if "train" not in splits:
         try:
-            model_config = AutoConfig.from_pretrained(config.model_name_or_path)
+            model_config = AutoConfig.from_pretrained(
+                config.model_name_or_path,
+                revision=config.model_revision,
+                trust_remote_code=config.trust_remote_code,
+            )
+        except ValueError as error:  # e.g. code shipped with the model, without --trust_remote_code
+            raise loading_error(config.model_name_or_path, error, {}) from None
         except OSError:
             raise ConfigError(
                 f"--model_name_or_path {config.model_name_or_path}: no model config there to read "

@@ -9,11 +9,18 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from finetune.config import ConfigError
+from finetune.loading import loading_error
 from finetune.tasks import Task
 
 
-def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: int):
-    """The model with a head for the task's labels (saved as id2label), or one output for regression."""
+def load_model_and_tokenizer(
+    model_name_or_path: str, task: Task, max_length: int, loading: dict | None = None
+):
+    """The model with a head for the task's labels (saved as id2label), or one output for regression.
+
+    `loading`: `loading_options(config)`, the flags that say how to read the checkpoint."""
+    loading = loading or {}
+    hub = {key: loading[key] for key in ("revision", "trust_remote_code") if key in loading}
     if task.is_regression:
         # Given in full: a base model's config.json may carry another head's id2label.
         head = {"id2label": {0: "LABEL_0"}, "label2id": {"LABEL_0": 0}, "problem_type": "regression"}
@@ -32,9 +39,13 @@ def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: in
             "vocab.txt, ...); save the model's tokenizer beside it with tokenizer.save_pretrained"
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
-        model_config = AutoConfig.from_pretrained(model_name_or_path, **head)
-        model = AutoModelForSequenceClassification.from_pretrained(model_name_or_path, config=model_config)
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, **hub)
+        model_config = AutoConfig.from_pretrained(model_name_or_path, **hub, **head)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_name_or_path, config=model_config, **loading
+        )
+    except ValueError as error:  # transformers' "can't" for a checkpoint: no class, remote code, attention
+        raise loading_error(model_name_or_path, error, loading) from None
     except SafetensorError as error:
         raise ConfigError(
             f"--model_name_or_path {model_name_or_path}: a weights file there is damaged ({error}); "
@@ -86,7 +97,12 @@ def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: 
 
 
 def non_embedding_parameters(model: torch.nn.Module) -> int:
-    """N in the 6·N FLOPs per trained token of MFU: every parameter outside the embedding layer(s)."""
+    """N in the 6·N FLOPs per trained token of MFU: every parameter outside the embedding layer(s):
+    the encoder's `embeddings` block (with its LayerNorm) where there is one, and every nn.Embedding
+    (a decoder's token embeddings, GPT-2's learned positions)."""
     embeddings = getattr(model.base_model, "embeddings", None) or model.get_input_embeddings()
     excluded = {id(p) for p in embeddings.parameters()}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            excluded.update(id(p) for p in module.parameters())
     return sum(p.numel() for p in model.parameters() if id(p) not in excluded)
