@@ -126,12 +126,14 @@ class TrainConfig:
     per_device_eval_batch_size: int = _help("Evaluation pairs per batch on each process.", default=64)
     gradient_accumulation_steps: int = _help("Micro-batches summed into one optimizer step.", default=1)
     auto_find_batch_size: bool = _help(
-        "On out-of-memory, halve --per_device_train_batch_size and double --gradient_accumulation_steps "
-        "(same global batch and results) and retry, until a step fits.",
+        "Before training, run a forward and backward pass on the longest rows; on out-of-memory halve "
+        "--per_device_train_batch_size and double --gradient_accumulation_steps (same global batch, same "
+        "results) until it fits.",
         default=False,
     )
     gradient_checkpointing: bool = _help(
-        "Recompute activations in the backward pass instead of storing them: less memory, ~30% more compute.",
+        "Recompute each layer's activations in the backward pass instead of storing them: less memory, "
+        "one more forward pass of compute per step.",
         default=False,
     )
     learning_rate: float = _help("Peak AdamW learning rate.", default=2e-5)
