@@ -271,6 +271,11 @@ class TrainConfig:
             raise ConfigError("--weight_decay and --max_grad_norm must be >= 0")
         if self.dataloader_num_workers < 0:
             raise ConfigError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
+        if self.torch_dtype == "float16" and self.do_train:
+            raise ConfigError(
+                "--torch_dtype float16: fp16 weights train unstably (no fp32 master copy, gradients the "
+                "loss scaler can't unscale); use float32 with --mixed_precision fp16, or bfloat16"
+            )
         if self.ddp_bucket_cap_mb <= 0:
             raise ConfigError(f"--ddp_bucket_cap_mb must be a positive integer, got {self.ddp_bucket_cap_mb}")
         self.output_dir = self.output_dir or f"outputs/{self.task_name}"

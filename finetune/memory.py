@@ -34,7 +34,8 @@ def fit_batch_size(config: TrainConfig, model: nn.Module, train: Dataset, tokeni
     (each rank probes its own unwrapped model: no all-reduce a rank out of memory would leave hanging);
     the ranks then take the smallest batch any of them fitted. The probe runs under a forked RNG, so
     the run draws the same dropout masks as one started at the chosen batch; its gradients are dropped.
-    Optimizer state, allocated at the first step, is not part of the probe."""
+    AdamW's two moments, allocated at the first step, are held as empty tensors during the probe, so it
+    peaks where a training step does."""
     start_batch, start_accumulation = config.per_device_train_batch_size, config.gradient_accumulation_steps
     longest = sorted(range(len(train)), key=lambda i: -train[i]["length"])
     inputs = train.select_columns([c for c in MODEL_INPUTS if c in train.column_names])
@@ -59,6 +60,8 @@ def fit_batch_size(config: TrainConfig, model: nn.Module, train: Dataset, tokeni
         batch = collate([inputs[i] for i in longest[:batch_size]])
         batch = {k: v.to(device) for k, v in batch.items() if k != "labels"}
         devices = [device] if device.type == "cuda" else []
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        moments = [torch.empty_like(p) for p in trainable for _ in range(2)]  # noqa: F841 (held, not read)
         with torch.random.fork_rng(devices=devices), accelerator.autocast():
             model.train()
             model(**batch).logits.float().sum().backward()  # the gradients' memory, not their values

@@ -150,6 +150,13 @@ def test_bfloat16_weights_are_refused_where_the_device_has_no_bf16():
     assert loading_options(TrainConfig(), "cpu", bf16_native=False)["dtype"] is torch.float32  # the default
 
 
+def test_float16_weights_are_for_inference_only():
+    with pytest.raises(ValueError, match="^--torch_dtype float16: fp16 weights train unstably.*use float32"):
+        TrainConfig(torch_dtype="float16")
+    inference = TrainConfig(torch_dtype="float16", do_train=False, validation_file="v.jsonl")
+    assert inference.torch_dtype == "float16"
+
+
 def error_line(argv, capsys) -> str:
     capsys.readouterr()
     assert cli(argv) == 2
