@@ -102,12 +102,14 @@ def resolve_dropout_kernel(requested: str, device_type: str, model: nn.Module) -
 
 def use_packed_dropout(model: nn.Module) -> None:
     """Every nn.Dropout of the model becomes PackedDropout (same p, no weights change); models that
-    take their attention from transformers' AttentionInterface also get it in attention."""
+    take their attention from transformers' AttentionInterface, with sdpa, also get it in attention."""
     register_attention()
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Dropout:
                 # In the mode of the module it replaces: from_pretrained returns a model in eval mode.
                 setattr(parent, name, PackedDropout(child.p).train(child.training))
-    if getattr(model, "_supports_attention_backend", False):
+    # Only in place of sdpa, which it runs when there is no dropout: an explicit eager (or other)
+    # --attn_implementation stays what the user chose.
+    if getattr(model, "_supports_attention_backend", False) and model.config._attn_implementation == "sdpa":
         model.set_attn_implementation(ATTENTION)

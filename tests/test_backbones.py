@@ -22,6 +22,7 @@ from finetune.config import TrainConfig
 from finetune.kernels import MODEL_TYPES as PACKED_DROPOUT_TYPES
 from finetune.loading import loading_options
 from finetune.mnli import cli, main
+from finetune.modeling import non_embedding_parameters
 from finetune.padding_free import MODEL_TYPES as PADDING_FREE_TYPES
 from finetune.runtime import bf16_is_fast
 from tests.backbones import DECODERS, FAMILIES, NO_EOS, build_tiny
@@ -88,6 +89,10 @@ def test_each_family_finetunes_evaluates_predicts_and_loads_in_pipeline(family, 
         )
         for label, probability in predicted["probabilities"].items():
             assert scores[label] == pytest.approx(probability, abs=1e-5), (family, label)
+    # MFU's N: every parameter but the embeddings (GPT-2's learned positions included).
+    model = classify.model
+    tables = [m.weight for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    assert 0 < non_embedding_parameters(model) <= model.num_parameters() - sum(t.numel() for t in tables)
     exported = json.loads((out / "config.json").read_text())
     tokenizer = AutoTokenizer.from_pretrained(out)
     if family in DECODERS:  # they read the last non-pad token: pad_token_id saved with the model
