@@ -4,6 +4,7 @@ checkpointing changes no result and trains with frozen embeddings (as under LoRA
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -11,25 +12,19 @@ from transformers import AutoModelForSequenceClassification
 
 from finetune.memory import enable_gradient_checkpointing
 from finetune.mnli import main
-from tests.helpers import assert_same_weights, reset_accelerate, tiny_args, weights, without_dropout
+from tests.helpers import (
+    PYTHON,
+    assert_same_weights,
+    free_port,
+    reset_accelerate,
+    run_cli,
+    tiny_args,
+    weights,
+    without_dropout,
+)
+from tests.probes.out_of_memory_above import out_of_memory_above
 
 FITS_ROWS = 4  # the probe's device "has memory" for this many training rows per forward
-
-
-def out_of_memory_above(rows: int):
-    """A real OutOfMemoryError, as a GPU raises it, from any training forward whose word embeddings see
-    more than `rows` rows (evaluation, without gradients, fits any batch)."""
-
-    def hook(module, args):
-        if (
-            isinstance(module, torch.nn.Embedding)
-            and module.num_embeddings > 1000  # the word embeddings, not positions or token types
-            and torch.is_grad_enabled()
-            and args[0].shape[0] > rows
-        ):
-            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {args[0].shape[0]} rows")
-
-    return torch.nn.modules.module.register_module_forward_pre_hook(hook)
 
 
 def test_auto_find_batch_size_halves_the_batch_and_keeps_the_results(
@@ -105,3 +100,23 @@ def test_gradient_checkpointing_on_a_decoder(family, tmp_path, nli_files):
     steps = ["--max_train_steps", "2", "--max_train_samples", "32", "--gradient_checkpointing", "true"]
     results = main(tiny_args(model_dir, nli_files, tmp_path / "out", *steps))
     assert results["global_step"] == 2
+
+
+@pytest.mark.multiprocess
+def test_auto_find_batch_size_ranks_agree_on_the_smallest_fit(tiny_model_dir, nli_files, tmp_path):
+    # Rank 0 fits 8 rows, rank 1 only 4: both must train at 4 (one global batch, one step plan).
+    out = tmp_path / "out"
+    accelerate = os.path.join(os.path.dirname(PYTHON), "accelerate")
+    launcher = [accelerate, "launch", "--config_file", "accelerate_configs/cpu_multiprocess.yaml"]
+    flags = ["--auto_find_batch_size", "true", "--max_train_steps", "2", "--max_train_samples", "96"]
+    done = run_cli(
+        [*launcher, "--main_process_port", str(free_port()), "tests/probes/out_of_memory_above.py",
+         *tiny_args(tiny_model_dir, nli_files, out, *flags)],
+        env={"FITS_ROWS": "8,4"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training at 4 with --gradient_accumulation_steps 4 (same global batch)" in done.stdout
+    resolved = json.loads((out / "train_config.json").read_text())
+    assert resolved["world_size"] == 2 and resolved["plan"]["global_batch_size"] == 32
+    assert resolved["per_device_train_batch_size"] == 4 and resolved["gradient_accumulation_steps"] == 4
+    assert json.loads((out / "results.json").read_text())["global_step"] == 2
