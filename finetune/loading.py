@@ -54,10 +54,10 @@ def loading_error(model_name_or_path: str, error: ValueError, loading: dict) -> 
             f"{where}: {model_type} has no sequence-classification class in transformers; pick a backbone "
             "that has one (BERT, RoBERTa, DeBERTa, ModernBERT, Llama, Qwen, ...)"
         )
-    if "attn_implementation" in text or "attention" in text.lower():
+    if "attention implementation" in text or "attn_implementation" in text:
         return ConfigError(
-            f"--attn_implementation {loading.get('attn_implementation')}: this model can't use it "
-            f"({text.splitlines()[0][:160]}); use sdpa or eager"
+            f"--attn_implementation {loading.get('attn_implementation')}: {text.split('. ')[0][:200]}; "
+            "drop the flag (transformers then picks one the model has) or use eager"
         )
     return ConfigError(f"{where}: transformers can't load it ({text.splitlines()[0][:200]})")
 

@@ -179,6 +179,14 @@ def test_flash_attention_is_refused_without_cuda_and_flash_attn(tmp_path, tiny_m
     )
 
 
+def test_an_attention_kernel_the_model_lacks_is_one_line(tmp_path, small_nli, capsys):
+    model_dir = build_tiny("deberta-v2", tmp_path / "model")
+    argv = tiny_args(model_dir, small_nli, tmp_path / "out", "--attn_implementation", "sdpa")
+    err = error_line(argv, capsys)
+    assert err.startswith("error: --attn_implementation sdpa: DebertaV2ForSequenceClassification does not")
+    assert err.endswith("drop the flag (transformers then picks one the model has) or use eager")
+
+
 def test_packed_dropout_is_refused_for_a_decoder(tmp_path, small_nli, capsys):
     model_dir = build_tiny("qwen3", tmp_path / "model")
     argv = tiny_args(model_dir, small_nli, tmp_path / "out", "--dropout_kernel", "packed")
