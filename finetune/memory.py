@@ -39,8 +39,9 @@ def fit_batch_size(config: TrainConfig, model: nn.Module, train: Dataset, tokeni
     start_batch, start_accumulation = config.per_device_train_batch_size, config.gradient_accumulation_steps
     longest = sorted(range(len(train)), key=lambda i: -train[i]["length"])
     inputs = train.select_columns([c for c in MODEL_INPUTS if c in train.column_names])
-    collate = PadCollator(tokenizer)
     device = accelerator.device
+    # Padded as the training batches are (build_dataloaders).
+    collate = PadCollator(tokenizer, pad_to_multiple_of=8 if device.type == "cuda" else None)
     model.to(device)
 
     size = start_batch

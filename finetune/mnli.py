@@ -117,6 +117,7 @@ def setup(config: TrainConfig) -> Run:
     accelerator = build_accelerator(config, trackers)
     world_size = accelerator.num_processes
     set_seed(config.seed)
+    loading = loading_options(config, accelerator.device.type, bf16_is_fast())  # refusals before the data
 
     task, splits = load_splits(config)
     measured = [eval_key(s, m) for s in task.validation_splits if s in splits for m in task.metrics]
@@ -126,7 +127,6 @@ def setup(config: TrainConfig) -> Run:
         raise ConfigError(
             f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
         )
-    loading = loading_options(config, accelerator.device.type, bf16_is_fast())
     model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length, loading)
     backbone = backbone_summary(model, fit_tokenizer_to_model(model, tokenizer))
     config.attn_implementation = model.config._attn_implementation  # transformers' choice, for the record
