@@ -100,14 +100,24 @@ def _takes(model: nn.Module, argument: str) -> bool:
     return argument in inspect.signature(model.forward).parameters
 
 
-def positions_from_attention_mask(model: nn.Module) -> bool:
-    """For decoders: position ids counted over real tokens only, so a left-padded row gets the
-    positions it has alone (GPT-2's learned positions would otherwise shift by its padding).
-    Right padding gives the same ids as before. A forward pre-hook; returns whether it was added."""
-    if not (classifies_from_last_token(model) and _takes(model, "position_ids")):
-        return False
-    model.register_forward_pre_hook(_position_ids, with_kwargs=True)
-    return True
+def prepare_decoder(model: nn.Module) -> dict:
+    """For decoders (nothing for encoders); returns what it set, for train_config.json.
+
+    - Position ids counted over real tokens only, so a left-padded row gets the positions it has alone
+      (GPT-2's learned positions would otherwise shift by its padding); right padding gives the same
+      ids as before. A forward pre-hook.
+    - No key/value cache: a classifier never generates, and in evaluation the cache would keep every
+      layer's keys and values alive."""
+    if not classifies_from_last_token(model):
+        return {}
+    done = {}
+    if _takes(model, "position_ids"):
+        model.register_forward_pre_hook(_position_ids, with_kwargs=True)
+        done["position_ids"] = "from attention_mask"
+    if getattr(model.config, "use_cache", False):
+        model.config.use_cache = False
+        done["use_cache"] = False
+    return done
 
 
 def _position_ids(model, args, kwargs):

@@ -20,8 +20,6 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
             f"--gradient_checkpointing: {type(model).__name__} does not support it; drop the flag"
         )
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if getattr(model.config, "use_cache", False):
-        model.config.use_cache = False  # a decoder's key/value cache is useless in training
 
 
 def fit_batch_size(config: TrainConfig, model: nn.Module, train: Dataset, tokenizer, accelerator) -> str:

@@ -39,7 +39,7 @@ from finetune.loading import (
     classifies_from_last_token,
     fit_tokenizer_to_model,
     loading_options,
-    positions_from_attention_mask,
+    prepare_decoder,
 )
 from finetune.lock import release_lock, take_lock
 from finetune.loop import Run, model_flops_utilization, train
@@ -130,8 +130,7 @@ def setup(config: TrainConfig) -> Run:
     model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length, loading)
     backbone = backbone_summary(model, fit_tokenizer_to_model(model, tokenizer))
     config.attn_implementation = model.config._attn_implementation  # transformers' choice, for the record
-    if positions_from_attention_mask(model):  # decoders: left padding keeps each row's own positions
-        backbone["position_ids"] = "from attention_mask"
+    backbone.update(prepare_decoder(model))  # decoders: positions that ignore left padding, no cache
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     signature = model_signature(config.model_name_or_path, model)

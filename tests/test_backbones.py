@@ -99,6 +99,7 @@ def test_each_family_finetunes_evaluates_predicts_and_loads_in_pipeline(family, 
         assert tokenizer.pad_token is not None
         assert exported["pad_token_id"] == tokenizer.pad_token_id
         assert trained["backbone"]["classifier_reads"] == "last non-pad token"
+        assert trained["backbone"]["position_ids"] == "from attention_mask"
     if family in NO_EOS:  # no pad, no EOS: a new token, and an embedding row for it
         assert tokenizer.pad_token == "<pad>" and exported["vocab_size"] == len(tokenizer)
     if family in ("distilbert", "modernbert"):  # their forward takes no token types: none made or saved
