@@ -17,6 +17,7 @@ from transformers import (
     ViTConfig,
     pipeline,
 )
+from transformers.utils import is_flash_attn_2_available
 
 from finetune.config import TrainConfig
 from finetune.kernels import MODEL_TYPES as PACKED_DROPOUT_TYPES
@@ -171,6 +172,9 @@ def error_line(argv, capsys) -> str:
     return lines[0]
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available() and is_flash_attn_2_available(), reason="flash-attn runs on this machine"
+)
 def test_flash_attention_is_refused_without_cuda_and_flash_attn(tmp_path, tiny_model_dir, small_nli, capsys):
     argv = tiny_args(
         tiny_model_dir, small_nli, tmp_path / "out", "--attn_implementation", "flash_attention_2"
