@@ -31,6 +31,8 @@ AutoSwitch = Literal["auto", "true", "false"]
 DdpCommHook = Literal["none", "fp16", "bf16"]
 PaddingFree = Literal["auto", "true", "false", "varlen"]
 TorchCompileMode = Literal["default", "reduce-overhead", "max-autotune"]
+TorchDtype = Literal["auto", "bfloat16", "float16", "float32"]
+AttnImplementation = Literal["sdpa", "eager", "flash_attention_2"]
 # The schedules `get_scheduler` builds from warmup and total steps alone; the others need arguments
 # this loop does not pass (cosine_with_min_lr, warmup_stable_decay) or a metric (reduce_lr_on_plateau).
 LrSchedulerType = Literal[
@@ -126,6 +128,22 @@ class TrainConfig:
     max_length: int = _help("Longest tokenized pair in tokens; longer pairs are truncated.", default=128)
     max_train_samples: int | None = _help("Use only the first N training rows (debugging).", default=None)
     max_eval_samples: int | None = _help("Use only the first N rows of each evaluation set.", default=None)
+    # --- how the checkpoint is loaded (transformers' from_pretrained arguments)
+    torch_dtype: TorchDtype = _help(
+        "dtype of the weights: float32 (master weights, with --mixed_precision autocast), bfloat16 (for "
+        "large decoders; needs native bf16), float16, or auto (the checkpoint's own).",
+        default="float32",
+    )
+    attn_implementation: AttnImplementation | None = _help(
+        "Attention kernel: sdpa, eager or flash_attention_2 (CUDA with flash-attn installed); "
+        "default: transformers' choice for the model.",
+        default=None,
+    )
+    trust_remote_code: bool = _help(
+        "Run the modeling code a checkpoint ships (config.json auto_map); only for code you trust.",
+        default=False,
+    )
+    model_revision: str = _help("Hub branch, tag or commit of the model to load.", default="main")
     group_by_length: bool = _help(
         "Shuffle, then batch pairs of similar length together (far less padding).", default=True
     )
@@ -133,6 +151,17 @@ class TrainConfig:
     per_device_train_batch_size: int = _help("Training pairs per micro-batch on each process.", default=32)
     per_device_eval_batch_size: int = _help("Evaluation pairs per batch on each process.", default=64)
     gradient_accumulation_steps: int = _help("Micro-batches summed into one optimizer step.", default=1)
+    auto_find_batch_size: bool = _help(
+        "Before training, run a forward and backward pass on the longest rows; on out-of-memory halve "
+        "--per_device_train_batch_size and double --gradient_accumulation_steps (same global batch, same "
+        "results) until it fits.",
+        default=False,
+    )
+    gradient_checkpointing: bool = _help(
+        "Recompute each layer's activations in the backward pass instead of storing them: less memory, "
+        "one more forward pass of compute per step.",
+        default=False,
+    )
     learning_rate: float = _help("Peak AdamW learning rate.", default=2e-5)
     weight_decay: float = _help("AdamW weight decay (never applied to biases and LayerNorm).", default=0.01)
     max_grad_norm: float = _help("Clip the global gradient norm to this; 0 disables clipping.", default=1.0)
@@ -289,6 +318,11 @@ class TrainConfig:
             raise ConfigError("--weight_decay and --max_grad_norm must be >= 0")
         if self.dataloader_num_workers < 0:
             raise ConfigError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
+        if self.torch_dtype == "float16" and self.do_train:
+            raise ConfigError(
+                "--torch_dtype float16: fp16 weights train unstably (no fp32 master copy, gradients the "
+                "loss scaler can't unscale); use float32 with --mixed_precision fp16, or bfloat16"
+            )
         if self.ddp_bucket_cap_mb <= 0:
             raise ConfigError(f"--ddp_bucket_cap_mb must be a positive integer, got {self.ddp_bucket_cap_mb}")
         self.output_dir = self.output_dir or f"outputs/{self.task_name}"
@@ -372,6 +406,11 @@ class TrainConfig:
     @property
     def carves_validation(self) -> bool:
         return self.validation_split_percentage is not None and not self.validation_file
+
+    @property
+    def hub_options(self) -> dict:
+        """How every `from_pretrained` of the model folder or Hub id reads it."""
+        return {"revision": self.model_revision, "trust_remote_code": self.trust_remote_code}
 
     @property
     def uses_local_files(self) -> bool:

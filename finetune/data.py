@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import AutoConfig
 
 from finetune.config import ConfigError, TrainConfig
+from finetune.loading import loading_error
 from finetune.modeling import head_labels, settle_label_order
 from finetune.tasks import GLUE_TASKS, Task, custom_task
 
@@ -64,7 +65,7 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
     canonical = task.label_names  # the order the data's class ids (GLUE's 0, 1, 2) are written in
     task, _ = settle_label_order(
         task,
-        head_labels(config.model_name_or_path),
+        head_labels(config.model_name_or_path, config.hub_options),
         config.ignore_mismatched_sizes,
         config.do_train,
         config.model_name_or_path,
@@ -108,7 +109,7 @@ def _is_multi_label(splits: dict[str, Dataset], config: TrainConfig) -> bool:
 
 def _model_problem_type(config: TrainConfig) -> str | None:
     try:
-        return AutoConfig.from_pretrained(config.model_name_or_path).problem_type
+        return AutoConfig.from_pretrained(config.model_name_or_path, **config.hub_options).problem_type
     except OSError:
         raise ConfigError(
             f"--model_name_or_path {config.model_name_or_path}: no model config there to read "
@@ -290,7 +291,9 @@ def _custom_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tupl
     (regression). Without training, the names the model was trained with (its config.json)."""
     if "train" not in splits:
         try:
-            model_config = AutoConfig.from_pretrained(config.model_name_or_path)
+            model_config = AutoConfig.from_pretrained(config.model_name_or_path, **config.hub_options)
+        except ValueError as error:  # e.g. code shipped with the model, without --trust_remote_code
+            raise loading_error(config.model_name_or_path, error, {}) from None
         except OSError:
             raise ConfigError(
                 f"--model_name_or_path {config.model_name_or_path}: no model config there to read "

@@ -16,8 +16,17 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from finetune.config import ConfigError
+
 LEVELS = 1 << 16
 ATTENTION = "finetune_packed_dropout"
+# Encoders whose dropout is nn.Dropout modules and whose attention (if it goes through
+# AttentionInterface) has as many key/value heads as query heads and no soft-capping: what
+# packed_dropout_attention computes. Decoders are left out: grouped-query attention, and their
+# dropout is usually 0 (nothing to gain).
+MODEL_TYPES = (
+    "bert", "roberta", "xlm-roberta", "electra", "distilbert", "albert", "deberta-v2", "modernbert",
+)  # fmt: skip
 
 
 def packed_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
@@ -75,14 +84,32 @@ def register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION, eager_mask)
 
 
+def supports_packed_dropout(model: nn.Module) -> bool:
+    return model.config.model_type in MODEL_TYPES
+
+
+def resolve_dropout_kernel(requested: str, device_type: str, model: nn.Module) -> str:
+    """--dropout_kernel as "packed" or "torch". auto: packed on CPU for the architectures it supports."""
+    if requested == "auto":
+        return "packed" if device_type == "cpu" and supports_packed_dropout(model) else "torch"
+    if requested == "packed" and not supports_packed_dropout(model):
+        raise ConfigError(
+            f"--dropout_kernel packed: not for this model ({model.config.model_type}); it takes "
+            f"{', '.join(MODEL_TYPES)}: use --dropout_kernel torch"
+        )
+    return requested
+
+
 def use_packed_dropout(model: nn.Module) -> None:
     """Every nn.Dropout of the model becomes PackedDropout (same p, no weights change); models that
-    take their attention from transformers' AttentionInterface also get it in attention."""
+    take their attention from transformers' AttentionInterface, with sdpa, also get it in attention."""
     register_attention()
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Dropout:
                 # In the mode of the module it replaces: from_pretrained returns a model in eval mode.
                 setattr(parent, name, PackedDropout(child.p).train(child.training))
-    if getattr(model, "_supports_attention_backend", False):
+    # Only in place of sdpa, which it runs when there is no dropout: an explicit eager (or other)
+    # --attn_implementation stays what the user chose.
+    if getattr(model, "_supports_attention_backend", False) and model.config._attn_implementation == "sdpa":
         model.set_attn_implementation(ATTENTION)

@@ -36,9 +36,16 @@ from finetune.compile import compile_cache_line
 from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
 from finetune.data import build_dataloaders, load_splits, resolve_pad_to_multiple_of, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
-from finetune.kernels import use_packed_dropout
+from finetune.kernels import resolve_dropout_kernel, use_packed_dropout
+from finetune.loading import (
+    classifies_from_last_token,
+    fit_tokenizer_to_model,
+    loading_options,
+    prepare_decoder,
+)
 from finetune.lock import release_lock, take_lock
 from finetune.loop import Run, model_flops_utilization, train
+from finetune.memory import enable_gradient_checkpointing, fit_batch_size
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
 from finetune.padding_free import resolve_padding_free, use_padding_free
 from finetune.report import (
@@ -54,6 +61,7 @@ from finetune.runtime import (
     StopSignals,
     TrainingFailed,
     TrainingInterrupted,
+    bf16_is_fast,
     build_accelerator,
     describe_runtime,
     keep_freed_memory,
@@ -119,6 +127,7 @@ def setup(config: TrainConfig) -> Run:
     accelerator = build_accelerator(config, trackers)
     world_size = accelerator.num_processes
     set_seed(config.seed)
+    loading = loading_options(config, accelerator.device.type, bf16_is_fast())  # refusals before the data
 
     task, splits = load_splits(config)
     measured = [
@@ -133,10 +142,15 @@ def setup(config: TrainConfig) -> Run:
         raise ConfigError(
             f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
         )
-    model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length)
+    model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length, loading)
+    backbone = backbone_summary(model, fit_tokenizer_to_model(model, tokenizer))
+    config.attn_implementation = model.config._attn_implementation  # transformers' choice, for the record
+    backbone.update(prepare_decoder(model))  # decoders: positions that ignore left padding, no cache
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     signature = model_signature(config.model_name_or_path, model)
-    if config.dropout_kernel == "auto":  # resolved here, so train_config.json shows which one ran
-        config.dropout_kernel = "packed" if accelerator.device.type == "cpu" else "torch"
+    # resolved here, so train_config.json shows which one ran (torch for architectures it can't take)
+    config.dropout_kernel = resolve_dropout_kernel(config.dropout_kernel, accelerator.device.type, model)
     if config.dropout_kernel == "packed":
         use_packed_dropout(model)
     config.padding_free = resolve_padding_free(config, model, accelerator.device.type)  # "true"/"false"
@@ -155,6 +169,9 @@ def setup(config: TrainConfig) -> Run:
     if config.keep_freed_memory == "true":
         keep_freed_memory()
     tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
+    batch_notice = None
+    if config.auto_find_batch_size and config.do_train:  # collective; sets the batch before the loaders
+        batch_notice = fit_batch_size(config, model, tokenized["train"], tokenizer, accelerator)
     loaders = build_dataloaders(
         tokenized, tokenizer, config, world_size, on_gpu, position_offset=varlen_position_offset(model)
     )
@@ -176,7 +193,7 @@ def setup(config: TrainConfig) -> Run:
     state = load_checkpoint(accelerator, resume, world_size, signature, training) if resume else TrainState()
     state.model_signature, state.training = signature, training
 
-    resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan)}
+    resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan), "backbone": backbone}
     state.tracker_run_id = start_trackers(
         accelerator, config.project_name, resolved, output_dir, state.tracker_run_id
     )
@@ -187,6 +204,8 @@ def setup(config: TrainConfig) -> Run:
         log = MetricsLog(accelerator, config.output_dir, resumed_step=state.global_step if resume else None)
         if wandb_notice:
             print(wandb_notice)
+        if batch_notice:
+            print(batch_notice)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
     return Run(
         config=config,
@@ -206,6 +225,16 @@ def setup(config: TrainConfig) -> Run:
         started_s=started_s,
         flops_per_token=6 * non_embedding_parameters(accelerator.unwrap_model(model)),
     )
+
+
+def backbone_summary(model, tokenizer_changes: list[str]) -> dict:
+    """What train_config.json says about the architecture and what was adapted to train it."""
+    return {
+        "model_type": model.config.model_type,
+        "classifier_reads": "last non-pad token" if classifies_from_last_token(model) else "encoder output",
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "tokenizer_changes": tokenizer_changes,
+    }
 
 
 def execute(run: Run) -> dict:

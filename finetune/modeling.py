@@ -10,11 +10,18 @@ from safetensors import SafetensorError
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
 from finetune.config import ConfigError
+from finetune.loading import loading_error
 from finetune.tasks import Task
 
 
-def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: int):
-    """The model with a head for the task's labels (saved as id2label), or one output for regression."""
+def load_model_and_tokenizer(
+    model_name_or_path: str, task: Task, max_length: int, loading: dict | None = None
+):
+    """The model with a head for the task's labels (saved as id2label), or one output for regression.
+
+    `loading`: `loading_options(config)`, the flags that say how to read the checkpoint."""
+    loading = loading or {}
+    hub = {key: loading[key] for key in ("revision", "trust_remote_code") if key in loading}
     if task.is_regression:
         # Given in full: a base model's config.json may carry another head's id2label.
         head = {"id2label": {0: "LABEL_0"}, "label2id": {"LABEL_0": 0}, "problem_type": "regression"}
@@ -33,15 +40,17 @@ def load_model_and_tokenizer(model_name_or_path: str, task: Task, max_length: in
             "vocab.txt, ...); save the model's tokenizer beside it with tokenizer.save_pretrained"
         )
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
-        replaced = _head_replaced(model_name_or_path, task)
-        model_config = AutoConfig.from_pretrained(model_name_or_path, **head)
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, **hub)
+        replaced = _head_replaced(model_name_or_path, task, hub)
+        model_config = AutoConfig.from_pretrained(model_name_or_path, **hub, **head)
         # A head of another size is new anyway: transformers initializes it instead of refusing.
         model = AutoModelForSequenceClassification.from_pretrained(
-            model_name_or_path, config=model_config, ignore_mismatched_sizes=replaced
+            model_name_or_path, config=model_config, ignore_mismatched_sizes=replaced, **loading
         )
         if replaced:
             _reset_head(model)
+    except ValueError as error:  # transformers' "can't" for a checkpoint: no class, remote code, attention
+        raise loading_error(model_name_or_path, error, loading) from None
     except SafetensorError as error:
         raise ConfigError(
             f"--model_name_or_path {model_name_or_path}: a weights file there is damaged ({error}); "
@@ -104,11 +113,11 @@ def settle_label_order(
     return task, True
 
 
-def head_labels(model_name_or_path: str) -> tuple[str, ...] | None:
+def head_labels(model_name_or_path: str, hub: dict | None = None) -> tuple[str, ...] | None:
     """The label names of the model's classification head, in id order (config.json's id2label); None
     for no readable config or a regression head. Cheap: reads config.json only."""
     try:
-        model_config = AutoConfig.from_pretrained(model_name_or_path)
+        model_config = AutoConfig.from_pretrained(model_name_or_path, **(hub or {}))
     except (OSError, ValueError):  # load_model_and_tokenizer names the problem
         return None
     if model_config.problem_type == "regression" or not model_config.id2label:
@@ -116,11 +125,11 @@ def head_labels(model_name_or_path: str) -> tuple[str, ...] | None:
     return tuple(model_config.id2label[i] for i in range(model_config.num_labels))
 
 
-def _head_replaced(model_name_or_path: str, task: Task) -> bool:
+def _head_replaced(model_name_or_path: str, task: Task, hub: dict) -> bool:
     """Whether the model's head predicts other labels than the task's, and so gets a new one: a
     trained head only with --ignore_mismatched_sizes (settle_label_order checked that), a generic
     one (LABEL_i, nobody trained it) whenever its size differs."""
-    head = head_labels(model_name_or_path)
+    head = head_labels(model_name_or_path, hub)
     if task.is_regression or not head:
         return False
     if len(head) != task.num_labels:
@@ -159,7 +168,12 @@ def build_optimizer(model: torch.nn.Module, learning_rate: float, weight_decay: 
 
 
 def non_embedding_parameters(model: torch.nn.Module) -> int:
-    """N in the 6·N FLOPs per trained token of MFU: every parameter outside the embedding layer(s)."""
+    """N in the 6·N FLOPs per trained token of MFU: every parameter outside the embedding layer(s):
+    the encoder's `embeddings` block (with its LayerNorm) where there is one, and every nn.Embedding
+    (a decoder's token embeddings, GPT-2's learned positions)."""
     embeddings = getattr(model.base_model, "embeddings", None) or model.get_input_embeddings()
     excluded = {id(p) for p in embeddings.parameters()}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            excluded.update(id(p) for p in module.parameters())
     return sum(p.numel() for p in model.parameters() if id(p) not in excluded)

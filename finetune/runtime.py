@@ -190,7 +190,9 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"dropout_kernel={config.dropout_kernel} padding_free={config.padding_free} "
         f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
         f"pad_to_multiple_of={config.pad_to_multiple_of} "
-        f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true"
+        f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
+        f"torch_dtype={config.torch_dtype} attn_implementation={config.attn_implementation} "
+        f"gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
     )
     return line + (f" resuming from {resume} at step {global_step}" if resume else "")
 
