@@ -35,8 +35,9 @@ class EvaluationAbandoned(Exception):
 
 
 def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, should_stop=None) -> dict:
-    """Collective: the task's metrics and the row count of every evaluation split, as
-    `eval_<metric>` (`eval_matched_<metric>` for MNLI's splits) and `eval_<split>_samples`.
+    """Collective: the task's metrics, the loss and the row count of every evaluation split, as
+    `eval_<metric>`, `eval_loss` (`eval_matched_<metric>`, `eval_matched_loss` for MNLI's splits) and
+    `eval_<split>_samples`.
 
     `should_stop` (collective too) is asked before every batch; when it says yes,
     `EvaluationAbandoned` is raised on every rank."""
@@ -44,6 +45,7 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
     for split, loader in eval_loaders.items():
         scores = evaluate(accelerator, model, loader, metric, task, should_stop)
         results.update({eval_key(split, m): scores[m] for m in task.metrics})
+        results[eval_key(split, "loss")] = scores["loss"]
         results[eval_key(split, "samples")] = scores["samples"]
     return results
 
@@ -53,7 +55,9 @@ def evaluate(accelerator, model, loader, metric, task: Task, should_stop=None) -
     references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop)
     predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(dim=-1)
     scores = metric.compute(predictions=predictions.numpy(), references=references.numpy())
-    return {**{k: float(v) for k, v in scores.items()}, "samples": len(references)}
+    # The training loss over the split's rows, from the fp32 logits: eval_loss.
+    loss = float(loss_sum(logits, references, task)) / max(len(references), 1)
+    return {**{k: float(v) for k, v in scores.items()}, "loss": loss, "samples": len(references)}
 
 
 def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]:

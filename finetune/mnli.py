@@ -24,6 +24,7 @@ from finetune.checkpoint import (
     TrainState,
     check_output_dir,
     export_model,
+    load_best_model,
     load_checkpoint,
     model_signature,
     remove_earlier_run,
@@ -31,12 +32,12 @@ from finetune.checkpoint import (
     training_config,
     writing,
 )
-from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
+from finetune.config import ConfigError, TrainConfig, greater_is_better_default, parse_config, to_dict
 from finetune.data import build_dataloaders, load_splits, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
 from finetune.kernels import use_packed_dropout
 from finetune.lock import release_lock, take_lock
-from finetune.loop import Run, model_flops_utilization, train
+from finetune.loop import Run, model_flops_utilization, stopped_early, train
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
 from finetune.padding_free import resolve_padding_free, use_padding_free
 from finetune.report import CURVES_FILE, hardware, plot_training_curves, push_to_hub, write_model_card
@@ -111,10 +112,14 @@ def setup(config: TrainConfig) -> Run:
     set_seed(config.seed)
 
     task, splits = load_splits(config)
-    measured = [eval_key(s, m) for s in task.validation_splits if s in splits for m in task.metrics]
+    measured = [
+        eval_key(s, m) for s in task.validation_splits if s in splits for m in (*task.metrics, "loss")
+    ]
     # Resolved here, where the task is known, so train_config.json shows what picked the best model.
     config.metric_for_best_model = config.metric_for_best_model or (measured[0] if measured else None)
-    if config.do_train and config.metric_for_best_model not in measured:
+    if config.greater_is_better is None and config.metric_for_best_model:
+        config.greater_is_better = greater_is_better_default(config.metric_for_best_model)
+    if config.do_train and config.eval_strategy != "no" and config.metric_for_best_model not in measured:
         raise ConfigError(
             f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
         )
@@ -193,7 +198,7 @@ def execute(run: Run) -> dict:
     if config.do_train:
         stop = StopSignals()
         try:
-            last_eval, runtime_s, eval_runtime_s = train(run, stop)
+            runtime_s, eval_runtime_s = train(run, stop)
         except torch.OutOfMemoryError:
             raise TrainingFailed(
                 f"out of memory at step {state.global_step + 1} with --per_device_train_batch_size "
@@ -202,9 +207,11 @@ def execute(run: Run) -> dict:
             ) from None
         finally:
             stop.restore()
+        exported = use_best_model(run)  # collective: the evaluation of the model exported below
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
+        last_eval = state.last_evaluation or {}
         results = {
-            **last_eval,
+            **{k: v for k, v in exported.items() if k not in ("step", "epoch")},
             "global_step": state.global_step,
             "epoch": last_eval.get("epoch", state.epoch),
             "train_runtime_s": runtime_s,
@@ -215,6 +222,7 @@ def execute(run: Run) -> dict:
             "eval_runtime_s": eval_runtime_s,
             "best_metric": state.best_metric,
             "best_step": state.best_step,
+            **training_outcome(run, exported),
         }
     elif run.eval_loaders:
         results = evaluate_splits(
@@ -251,6 +259,38 @@ def execute(run: Run) -> dict:
         if config.push_to_hub:
             print(f"pushed to {push_to_hub(config.output_dir, config.hub_model_id)}")
     return results
+
+
+def use_best_model(run: Run) -> dict:
+    """Collective: with --load_best_model_at_end, the best weights (best_model/) put back into the model
+    for the export, the predictions and the Hub, as Hugging Face Trainer does. Returns the evaluation
+    of the model that stays: the best, or the last one."""
+    config, state, accelerator = run.config, run.state, run.accelerator
+    if not (config.load_best_model_at_end and state.best_evaluation):
+        return state.last_evaluation or {}
+    if state.best_step != state.global_step:
+        load_best_model(accelerator, run.model, config.output_dir)
+    if accelerator.is_main_process:
+        print(
+            f"--load_best_model_at_end: the model exported{' and predicting' if run.test_loader else ''} is "
+            f"the best one, from step {state.best_step} ({config.metric_for_best_model} "
+            f"{state.best_metric:.4f}); the last step was {state.global_step}"
+        )
+    return state.best_evaluation
+
+
+def training_outcome(run: Run, exported: dict) -> dict:
+    """results.json's account of the evaluations: the best, the last, which one the exported model is,
+    and why training ended."""
+    config, state = run.config, run.state
+    early = stopped_early(config, state)
+    return {
+        "best_evaluation": state.best_evaluation,
+        "last_evaluation": state.last_evaluation,
+        "exported_model_step": exported.get("step", state.global_step),
+        "stopped_early": early,
+        "early_stopping_step": state.global_step if early else None,
+    }
 
 
 def close(run: Run) -> None:
