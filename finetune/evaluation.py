@@ -36,17 +36,20 @@ class EvaluationAbandoned(Exception):
 
 def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, should_stop=None) -> dict:
     """Collective: the task's metrics, the loss and the row count of every evaluation split, as
-    `eval_<metric>`, `eval_loss` (`eval_matched_<metric>`, `eval_matched_loss` for MNLI's splits) and
-    `eval_<split>_samples`.
+    `eval_<metric>`, `eval_loss` and `eval_<split>_samples` (`eval_matched_<metric>`,
+    `eval_matched_loss` for MNLI's splits, and `eval_loss` over the rows of both).
 
     `should_stop` (collective too) is asked before every batch; when it says yes,
     `EvaluationAbandoned` is raised on every rank."""
-    results = {}
+    results, loss_total, rows = {}, 0.0, 0
     for split, loader in eval_loaders.items():
         scores = evaluate(accelerator, model, loader, metric, task, should_stop)
         results.update({eval_key(split, m): scores[m] for m in task.metrics})
         results[eval_key(split, "loss")] = scores["loss"]
         results[eval_key(split, "samples")] = scores["samples"]
+        loss_total, rows = loss_total + scores["loss"] * scores["samples"], rows + scores["samples"]
+    if eval_loaders:  # MNLI's splits have their own losses too; eval_loss is over every row
+        results["eval_loss"] = loss_total / max(rows, 1)
     return results
 
 

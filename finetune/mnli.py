@@ -112,9 +112,9 @@ def setup(config: TrainConfig) -> Run:
     set_seed(config.seed)
 
     task, splits = load_splits(config)
-    measured = [
-        eval_key(s, m) for s in task.validation_splits if s in splits for m in (*task.metrics, "loss")
-    ]
+    splits_measured = [s for s in task.validation_splits if s in splits]
+    measured = [eval_key(s, m) for s in splits_measured for m in (*task.metrics, "loss")]
+    measured += ["eval_loss"] if "eval_loss" not in measured else []  # over every split's rows
     # Resolved here, where the task is known, so train_config.json shows what picked the best model.
     config.metric_for_best_model = config.metric_for_best_model or (measured[0] if measured else None)
     if config.greater_is_better is None and config.metric_for_best_model:
