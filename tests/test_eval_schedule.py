@@ -1,11 +1,13 @@
 """Evaluation schedule (--eval_strategy, --eval_steps), the best model at the end, early stopping."""
 
 import json
+import os
+import signal
 
 import pytest
 import torch
 
-from finetune.mnli import cli, main
+from finetune.mnli import cli, main, setup
 from tests.helpers import N_VALIDATION, read_jsonl, reset_accelerate, tiny_args, weights
 
 
@@ -128,3 +130,40 @@ def test_refused_before_the_model_loads(flags, error, nli_files, tmp_path, capsy
     assert cli(tiny_args(tmp_path / "no-model", nli_files, tmp_path / "out", *flags)) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(error), lines
+
+
+def test_sigterm_during_a_mid_epoch_evaluation_resumes_with_that_evaluation(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """--eval_strategy steps: a preemption during the evaluation at step 10 (mid-epoch) drops it and
+    checkpoints step 10; the resumed run evaluates step 10 first and ends as the unbroken run."""
+    flags = ["--max_train_steps", "20", "--eval_strategy", "steps", "--eval_steps", "10"]
+    full = tmp_path / "full"
+    main(tiny_args(tiny_model_dir, nli_files, full, *flags))
+    reset_accelerate()
+
+    signalled = []
+
+    def build(config):
+        run = setup(config)
+
+        def sigterm_in_first_evaluation(module, inputs):
+            if not module.training and not signalled:
+                signalled.append(True)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        run.model.register_forward_pre_hook(sigterm_in_first_evaluation)
+        return run
+
+    killed = tmp_path / "killed"
+    assert cli(tiny_args(tiny_model_dir, nli_files, killed, *flags), build) == 143
+    assert "stopped by SIGTERM after step 10; checkpoint saved" in capsys.readouterr().err
+    assert not evaluations(killed)
+    reset_accelerate()
+
+    results = main(tiny_args(tiny_model_dir, nli_files, killed, *flags, "--resume_from_checkpoint", "auto"))
+    assert [r["step"] for r in evaluations(killed)] == [10, 20]
+    assert evaluations(killed) == evaluations(full)
+    assert results["best_evaluation"] == json.loads((full / "results.json").read_text())["best_evaluation"]
+    a, b = weights(full), weights(killed)
+    assert all(torch.equal(a[name], b[name]) for name in a)
