@@ -25,6 +25,8 @@ MANIFEST = "manifest.json"
 """{file: bytes} of what save_state wrote (not the state file, which is checked by parsing it): resume
 checks the sizes."""
 BEST_MODEL_DIR = "best_model"
+BEST_RECORD = "eval_results.json"
+"""In best_model/: the evaluation record (step, metrics) of the weights there."""
 
 
 @dataclass
@@ -367,6 +369,14 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
             model.save_pretrained(output_dir, state_dict=state_dict)
             tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
+
+
+def best_model_step(output_dir: str) -> int | None:
+    """The step whose weights output_dir/best_model holds, per its record; None without one."""
+    try:
+        return json.loads((Path(output_dir) / BEST_MODEL_DIR / BEST_RECORD).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def load_best_model(accelerator, model, output_dir: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -13,10 +14,12 @@ from tqdm.auto import tqdm
 
 from finetune.checkpoint import (
     BEST_MODEL_DIR,
+    BEST_RECORD,
     TrainState,
     complete_checkpoints,
     export_model,
     save_checkpoint,
+    writing,
 )
 from finetune.config import TrainConfig
 from finetune.evaluation import EvaluationAbandoned, evaluate_splits, load_metric, loss_sum
@@ -270,7 +273,11 @@ def _evaluate_and_keep_best(run: Run, metric, stop: StopSignals, progress) -> No
         )
     if improved:
         # Collective: the best weights so far, kept whatever checkpoint rotation removes.
-        export_model(accelerator, run.model, run.tokenizer, str(Path(config.output_dir) / BEST_MODEL_DIR))
+        best_dir = Path(config.output_dir) / BEST_MODEL_DIR
+        export_model(accelerator, run.model, run.tokenizer, str(best_dir))
+        if accelerator.is_main_process:  # which step they are from: --load_best_model_at_end checks it
+            with writing("the best model", config.output_dir):
+                (best_dir / BEST_RECORD).write_text(json.dumps(result, indent=2))
     if stopped_early(config, state) and accelerator.is_main_process:
         progress.write(
             f"early stopping at step {state.global_step}: {config.metric_for_best_model} did not improve by "

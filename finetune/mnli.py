@@ -21,7 +21,9 @@ from accelerate.utils import set_seed
 from transformers import get_scheduler
 
 from finetune.checkpoint import (
+    BEST_MODEL_DIR,
     TrainState,
+    best_model_step,
     check_output_dir,
     export_model,
     load_best_model,
@@ -269,6 +271,14 @@ def use_best_model(run: Run) -> dict:
     if not (config.load_best_model_at_end and state.best_evaluation):
         return state.last_evaluation or {}
     if state.best_step != state.global_step:
+        if best_model_step(config.output_dir) != state.best_step:  # read by every rank: the same file
+            if accelerator.is_main_process:
+                print(
+                    f"--load_best_model_at_end: {Path(config.output_dir) / BEST_MODEL_DIR} does not hold the "
+                    f"best model (step {state.best_step}; was the checkpoint resumed in another folder?): "
+                    f"the model exported is the last one, from step {state.global_step}"
+                )
+            return state.last_evaluation or {}
         load_best_model(accelerator, run.model, config.output_dir)
     if accelerator.is_main_process:
         print(

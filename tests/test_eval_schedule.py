@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -167,3 +168,23 @@ def test_sigterm_during_a_mid_epoch_evaluation_resumes_with_that_evaluation(
     assert results["best_evaluation"] == json.loads((full / "results.json").read_text())["best_evaluation"]
     a, b = weights(full), weights(killed)
     assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_checkpoint_resumed_without_its_best_model_exports_the_last_one(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """The best model (step 4) lives in the first run's best_model/, not in its checkpoint: resumed in
+    another folder, the run says so and exports the last model rather than failing at the end."""
+    flags = ["--learning_rate", "1e-12", "--max_train_steps", "12", "--eval_strategy", "steps",
+             "--eval_steps", "4", "--checkpointing_steps", "8"]  # fmt: skip
+    first = tmp_path / "first"
+    assert main(tiny_args(tiny_model_dir, nli_files, first, *flags))["best_step"] == 4
+    reset_accelerate()
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.copytree(first / "checkpoint-8", moved / "checkpoint-8")
+    capsys.readouterr()
+    results = main(tiny_args(tiny_model_dir, nli_files, moved, *flags, "--resume_from_checkpoint", "auto"))
+    assert "does not hold the best model (step 4" in capsys.readouterr().out
+    assert (results["best_step"], results["exported_model_step"]) == (4, 12)
+    assert results["eval_matched_accuracy"] == results["last_evaluation"]["eval_matched_accuracy"]
