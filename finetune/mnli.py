@@ -282,8 +282,8 @@ def use_best_model(run: Run) -> dict:
         load_best_model(accelerator, run.model, config.output_dir)
     if accelerator.is_main_process:
         print(
-            f"--load_best_model_at_end: the model exported{' and predicting' if run.test_loader else ''} is "
-            f"the best one, from step {state.best_step} ({config.metric_for_best_model} "
+            f"--load_best_model_at_end: exporting{' and predicting with' if run.test_loader else ''} the "
+            f"best model, from step {state.best_step} ({config.metric_for_best_model} "
             f"{state.best_metric:.4f}); the last step was {state.global_step}"
         )
     return state.best_evaluation
