@@ -83,7 +83,8 @@ def test_the_root_model_is_the_best_one_and_predicts(tiny_model_dir, nli_files, 
     results = main(tiny_args(tiny_model_dir, files, out, *flags, *predict))
     assert results["best_step"] < results["global_step"] == 38  # the test needs a best before the end
     assert results["exported_model_step"] == results["best_step"]
-    assert f"exporting and predicting with the best model, from step {results['best_step']}" in capsys.readouterr().out
+    said = f"exporting and predicting with the best model, from step {results['best_step']}"
+    assert said in capsys.readouterr().out
     root, best = weights(out), weights(out / "best_model")
     assert all(torch.equal(root[name], best[name]) for name in best)
 
