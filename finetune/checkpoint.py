@@ -25,6 +25,8 @@ MANIFEST = "manifest.json"
 """{file: bytes} of what save_state wrote (not the state file, which is checked by parsing it): resume
 checks the sizes."""
 BEST_MODEL_DIR = "best_model"
+BEST_RECORD = "eval_results.json"
+"""In best_model/: the evaluation record (step, metrics) of the weights there."""
 
 
 @dataclass
@@ -43,6 +45,15 @@ class TrainState:
     """Best value of --metric_for_best_model so far."""
     best_step: int | None = None
     """Optimizer step at which best_metric was measured."""
+    best_evaluation: dict | None = None
+    """The metrics.jsonl record of the best evaluation."""
+    last_evaluation: dict | None = None
+    """The metrics.jsonl record of the latest evaluation."""
+    last_eval_step: int | None = None
+    """Optimizer step of the latest finished evaluation: a step is never evaluated twice, and a resumed
+    run evaluates a step whose evaluation a stop signal abandoned."""
+    early_stopping_patience_counter: int = 0
+    """Evaluations in a row that did not beat best_metric by more than --early_stopping_threshold."""
     tracker_run_id: str | None = None
     """W&B run id: a resumed run continues the same W&B run."""
     model_signature: str | None = None
@@ -360,4 +371,47 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
         with writing(f"the {'best ' if best else ''}model", run_dir):
             model.save_pretrained(output_dir, state_dict=state_dict)
             tokenizer.save_pretrained(output_dir)
+    accelerator.wait_for_everyone()
+
+
+def best_model_step(output_dir: str) -> int | None:
+    """The step whose weights output_dir/best_model holds, per its record; None without one."""
+    try:
+        return json.loads((Path(output_dir) / BEST_MODEL_DIR / BEST_RECORD).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_best_model(accelerator, model, output_dir: str) -> None:
+    """Collective: the weights in output_dir/best_model put back into the prepared model (Hugging Face
+    Trainer's load_best_model_at_end). Under FSDP2 rank 0 reads the file and broadcasts the shards."""
+    from safetensors.torch import load_file
+
+    folder = Path(output_dir) / BEST_MODEL_DIR
+    index = folder / "model.safetensors.index.json"
+    # save_pretrained writes one file, or shards listed in an index for large models.
+    files = (
+        sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+        if index.is_file()
+        else [folder / "model.safetensors"]
+    )
+    if accelerator.is_fsdp2:
+        from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
+
+        full = {k: v for f in files for k, v in load_file(f).items()} if accelerator.is_main_process else {}
+        fsdp2_load_full_state_dict(accelerator, model, full)
+    else:
+        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+        loaded = {k: v for f in files for k, v in load_file(f).items()}
+        own = unwrapped.state_dict()
+        # save_pretrained leaves out a weight tied to another one (the same storage): not missing.
+        stored = {t.data_ptr() for name, t in own.items() if name in loaded}
+        missing = [name for name, t in own.items() if name not in loaded and t.data_ptr() not in stored]
+        unexpected = sorted(set(loaded) - set(own))
+        if missing or unexpected:
+            raise TrainingFailed(
+                f"{folder} does not fit the model being trained (missing {missing[:3]}, unexpected "
+                f"{unexpected[:3]}); it is left by another run: rerun with --overwrite_output_dir"
+            )
+        unwrapped.load_state_dict(loaded, strict=False)
     accelerator.wait_for_everyone()

@@ -33,6 +33,7 @@ PaddingFree = Literal["auto", "true", "false", "varlen"]
 TorchCompileMode = Literal["default", "reduce-overhead", "max-autotune"]
 TorchDtype = Literal["auto", "bfloat16", "float16", "float32"]
 AttnImplementation = Literal["sdpa", "eager", "flash_attention_2"]
+EvalStrategy = Literal["no", "steps", "epoch"]
 # The schedules `get_scheduler` builds from warmup and total steps alone; the others need arguments
 # this loop does not pass (cosine_with_min_lr, warmup_stable_decay) or a metric (reduce_lr_on_plateau).
 LrSchedulerType = Literal[
@@ -241,13 +242,39 @@ class TrainConfig:
     save_total_limit: int | None = _help(
         "Keep the newest N checkpoints (plus the best one); older ones are removed.", default=None
     )
+    # --- evaluation schedule, best model, early stopping (Hugging Face Trainer names)
+    eval_strategy: EvalStrategy = _help(
+        "When to evaluate while training: no, steps (every --eval_steps) or epoch; the last step is "
+        "always evaluated unless no.",
+        default="epoch",
+    )
+    eval_steps: int | None = _help(
+        "With --eval_strategy steps: evaluate every N optimizer steps; default --logging_steps.", default=None
+    )
     metric_for_best_model: str | None = _help(
-        "Evaluation metric (higher is better) that picks the best model, kept in output_dir/best_model; "
-        "default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for CoLA). "
-        "Custom classification: eval_accuracy, eval_f1_macro or a class's eval_precision_<label>, "
+        "Evaluation metric that picks the best model, kept in output_dir/best_model: eval_loss or a task "
+        "metric; default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for "
+        "CoLA). Custom classification: eval_accuracy, eval_f1_macro or a class's eval_precision_<label>, "
         "eval_recall_<label>, eval_f1_<label>, eval_support_<label>; multi-label: eval_f1_micro, "
         "eval_f1_macro, eval_exact_match.",
         default=None,
+    )
+    greater_is_better: bool | None = _help(
+        "Whether a larger --metric_for_best_model is better; default: false for a loss, else true.",
+        default=None,
+    )
+    load_best_model_at_end: bool | None = _help(
+        "Export (and predict and push) the best model by --metric_for_best_model instead of the last one; "
+        "default: true whenever the run evaluates.",
+        default=None,
+    )
+    early_stopping_patience: int | None = _help(
+        "Stop training after N evaluations in a row that do not improve --metric_for_best_model by more "
+        "than --early_stopping_threshold; unset: never stop early.",
+        default=None,
+    )
+    early_stopping_threshold: float = _help(
+        "How much an evaluation must beat the best one by to reset --early_stopping_patience.", default=0.0
     )
     logging_steps: int = _help("Log loss, learning rate and throughput every N optimizer steps.", default=50)
     report_to: ReportTo = _help(
@@ -333,6 +360,7 @@ class TrainConfig:
                 f"--metric_for_best_model must name an evaluation metric such as eval_accuracy, "
                 f"got {self.metric_for_best_model!r}"
             )
+        self._check_evaluation_schedule()
         if self.text_columns is not None and not 1 <= len(self.text_column_names) <= 2:
             raise ConfigError(f"--text_columns takes 1 or 2 comma-separated names, got {self.text_columns!r}")
         if self.task_name == "custom" and not self.text_columns:
@@ -412,6 +440,41 @@ class TrainConfig:
         """How every `from_pretrained` of the model folder or Hub id reads it."""
         return {"revision": self.model_revision, "trust_remote_code": self.trust_remote_code}
 
+    def _check_evaluation_schedule(self) -> None:
+        """--eval_strategy and what depends on it: refused before anything loads; defaults resolved."""
+        evaluates = self.eval_strategy != "no"
+        if self.eval_steps is not None and self.eval_strategy != "steps":
+            raise ConfigError(
+                f"--eval_steps is for --eval_strategy steps (this run has {self.eval_strategy}); add "
+                "--eval_strategy steps or drop --eval_steps"
+            )
+        if self.eval_steps is not None and self.eval_steps <= 0:
+            raise ConfigError(f"--eval_steps must be a positive integer, got {self.eval_steps}")
+        if self.eval_strategy == "steps" and self.eval_steps is None:
+            self.eval_steps = self.logging_steps  # as Hugging Face Trainer does
+        if self.load_best_model_at_end and not evaluates:
+            raise ConfigError(
+                "--load_best_model_at_end needs evaluations to pick the best model; set --eval_strategy "
+                "steps or epoch, or drop --load_best_model_at_end"
+            )
+        if self.load_best_model_at_end is None:
+            self.load_best_model_at_end = evaluates
+        if self.early_stopping_patience is not None:
+            if self.early_stopping_patience <= 0:
+                raise ConfigError(
+                    f"--early_stopping_patience must be a positive integer or left unset, "
+                    f"got {self.early_stopping_patience}"
+                )
+            if not evaluates or not self.do_train:
+                raise ConfigError(
+                    "--early_stopping_patience counts evaluations during training; set --eval_strategy steps "
+                    "or epoch (with --do_train), or drop --early_stopping_patience"
+                )
+        if self.early_stopping_threshold < 0:
+            raise ConfigError(f"--early_stopping_threshold must be >= 0, got {self.early_stopping_threshold}")
+        if self.greater_is_better is None and self.metric_for_best_model is not None:
+            self.greater_is_better = greater_is_better_default(self.metric_for_best_model)
+
     @property
     def uses_local_files(self) -> bool:
         return any((self.train_file, self.validation_file, self.validation_mismatched_file, self.test_file))
@@ -430,6 +493,11 @@ class TrainConfig:
     def checkpoint_every_n_steps(self) -> int | None:
         cs = self.checkpointing_steps
         return int(cs) if cs is not None and cs != "epoch" else None
+
+
+def greater_is_better_default(metric: str) -> bool:
+    """Hugging Face Trainer's rule: a loss is better smaller, any other metric larger."""
+    return not metric.endswith("loss")
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:

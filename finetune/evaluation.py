@@ -45,19 +45,24 @@ class EvaluationAbandoned(Exception):
 
 
 def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, should_stop=None) -> dict:
-    """Collective: the task's metrics and the row count of every evaluation split, as
-    `eval_<metric>` (`eval_matched_<metric>` for MNLI's splits) and `eval_<split>_samples`.
+    """Collective: the task's metrics, the loss and the row count of every evaluation split, as
+    `eval_<metric>`, `eval_loss` and `eval_<split>_samples` (`eval_matched_<metric>`,
+    `eval_matched_loss` for MNLI's splits, and `eval_loss` over the rows of both).
 
     `should_stop` (collective too) is asked before every batch; when it says yes,
     `EvaluationAbandoned` is raised on every rank."""
-    results = {}
+    results, loss_total, rows = {}, 0.0, 0
     for split, loader in eval_loaders.items():
         scores = evaluate(accelerator, model, loader, metric, task, should_stop)
         results.update({eval_key(split, m): scores[m] for m in task.metrics + task.per_class_metrics})
         if "confusion_matrix" in scores:  # rows: true label, columns: predicted; not sent to trackers
             matrix = {"labels": list(task.label_names), "matrix": scores["confusion_matrix"]}
             results[eval_key(split, "confusion_matrix")] = matrix
+        results[eval_key(split, "loss")] = scores["loss"]
         results[eval_key(split, "samples")] = scores["samples"]
+        loss_total, rows = loss_total + scores["loss"] * scores["samples"], rows + scores["samples"]
+    if eval_loaders:  # MNLI's splits have their own losses too; eval_loss is over every row
+        results["eval_loss"] = loss_total / max(rows, 1)
     return results
 
 
@@ -65,7 +70,9 @@ def evaluate(accelerator, model, loader, metric, task: Task, should_stop=None) -
     """Collective: metrics over the whole split, each row counted exactly once across ranks."""
     references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop)
     scores = _scores(logits, references, metric, task)
-    return {**scores, "samples": len(references)}
+    # The training loss over the split's rows, from the fp32 logits: eval_loss.
+    loss = float(loss_sum(logits, references, task)) / max(len(references), 1)
+    return {**scores, "loss": loss, "samples": len(references)}
 
 
 def _scores(logits: torch.Tensor, references: torch.Tensor, metric, task: Task) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -13,10 +14,12 @@ from tqdm.auto import tqdm
 
 from finetune.checkpoint import (
     BEST_MODEL_DIR,
+    BEST_RECORD,
     TrainState,
     complete_checkpoints,
     export_model,
     save_checkpoint,
+    writing,
 )
 from finetune.config import TrainConfig
 from finetune.evaluation import EvaluationAbandoned, evaluate_splits, load_metric, loss_sum
@@ -55,10 +58,10 @@ class Run:
 
 
 def train(run: Run, stop: StopSignals):
-    """Optimizer steps until `plan.total_updates`, evaluating after every epoch.
+    """Optimizer steps until `plan.total_updates` or early stopping, evaluating on --eval_strategy.
 
-    Returns the last evaluation, the training seconds and the evaluation seconds. A stop signal
-    ends the run after the current step with a checkpoint and `TrainingInterrupted`.
+    Returns the training seconds and the evaluation seconds; the evaluations are in `run.state`. A stop
+    signal ends the run after the current step with a checkpoint and `TrainingInterrupted`.
     """
     accelerator, model, config, plan, state = run.accelerator, run.model, run.config, run.plan, run.state
     world_size = accelerator.num_processes
@@ -67,7 +70,6 @@ def train(run: Run, stop: StopSignals):
     meter = _Meter(accelerator.device)
     run.first_nonfinite_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     window_samples = 0
-    last_eval: dict = {}
     # A context manager: the bar is closed before any error message is printed.
     with tqdm(
         total=plan.total_updates,
@@ -77,9 +79,13 @@ def train(run: Run, stop: StopSignals):
         disable=not accelerator.is_local_main_process,
     ) as progress:
         tic = meter.since = time.perf_counter()
-        eval_seconds = 0.0
+        # Resumed from a checkpoint whose evaluation a stop signal abandoned: that step's evaluation first.
+        eval_seconds = _evaluate_if_due(run, metric, stop, progress)  # collective
+        meter.since += eval_seconds  # evaluation time is not training throughput
         model.train()
         for epoch in range(state.epoch, plan.num_epochs):
+            if stopped_early(config, state):
+                break
             state.epoch = epoch
             run.train_loader.set_epoch(epoch)
             # Resume mid-epoch: the same (seed, epoch) order, minus the micro-batches already done.
@@ -115,16 +121,15 @@ def train(run: Run, stop: StopSignals):
                             progress.set_postfix(
                                 loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_second']:.0f}"
                             )
+                        # Before the checkpoint, so one written at this step holds this evaluation's counters.
+                        seconds = _evaluate_if_due(run, metric, stop, progress)  # collective
+                        meter.since += seconds
+                        eval_seconds += seconds
                         _checkpoint_or_stop(run, stop)  # collective
-            eval_tic = time.perf_counter()
-            _raise_if_diverged(run)  # no evaluation, hence no best_model/, of skipped-step weights
-            try:
-                last_eval = _evaluate_and_keep_best(run, metric, epoch, stop)  # collective
-            except EvaluationAbandoned:  # on every rank: checkpoint the finished epoch and leave
-                signal_name = stop.received or "SIGTERM"  # a peer's signal; preemption is the usual cause
-                raise TrainingInterrupted(signal_name, state.global_step, _save(run)) from None
-            meter.since = time.perf_counter()
-            eval_seconds += meter.since - eval_tic  # evaluation time is not training throughput
+                        if stopped_early(config, state):
+                            break
+            if stopped_early(config, state):
+                break  # mid-epoch: the state stays at the step where it stopped
             state.epoch, state.micro_batches_in_epoch = epoch + 1, 0
             if config.checkpoint_every_epoch:
                 _save(run)
@@ -132,7 +137,7 @@ def train(run: Run, stop: StopSignals):
                 break
     _raise_if_diverged(run)  # before the caller exports the model
     meter.flush(accelerator, state)  # collective: pairs not yet logged still count toward throughput
-    return last_eval, time.perf_counter() - tic - eval_seconds, eval_seconds
+    return time.perf_counter() - tic - eval_seconds, eval_seconds
 
 
 class _Meter:
@@ -247,22 +252,90 @@ def _save(run: Run) -> Path:
     )
 
 
-def _evaluate_and_keep_best(run: Run, metric, epoch: int, stop: StopSignals) -> dict:
-    """Collective: the end-of-epoch evaluation, logged; a new best is exported to best_model/.
-    A stop signal abandons it (`EvaluationAbandoned`)."""
-    accelerator, config, state = run.accelerator, run.config, run.state
+def _evaluation_due(config: TrainConfig, plan: StepPlan, state: TrainState) -> bool:
+    """Whether this step is evaluated: --eval_strategy's steps, and always the last one, never twice."""
+    step = state.global_step
+    if config.eval_strategy == "no" or step == 0 or state.last_eval_step == step:
+        return False
+    if step == plan.total_updates:
+        return True
+    if config.eval_strategy == "epoch":
+        return state.micro_batches_in_epoch == plan.micro_batches_per_epoch
+    return step % config.eval_steps == 0
+
+
+def _evaluate_if_due(run: Run, metric, stop: StopSignals, progress) -> float:
+    """Collective: the evaluation this step is due (see `_evaluation_due`), if any; its seconds.
+
+    A stop signal abandons it: a checkpoint of this step (which the resumed run evaluates) and
+    `TrainingInterrupted` on every rank."""
+    if not _evaluation_due(run.config, run.plan, run.state):
+        return 0.0
+    _raise_if_diverged(run)  # no evaluation, hence no best_model/, of skipped-step weights
+    tic = time.perf_counter()
+    try:
+        _evaluate_and_keep_best(run, metric, stop, progress)
+    except EvaluationAbandoned:  # on every rank
+        signal_name = stop.received or "SIGTERM"  # a peer's signal; preemption is the usual cause
+        raise TrainingInterrupted(signal_name, run.state.global_step, _save(run)) from None
+    return time.perf_counter() - tic
+
+
+def _evaluate_and_keep_best(run: Run, metric, stop: StopSignals, progress) -> None:
+    """Collective: one evaluation, logged (metrics.jsonl, trackers, progress bar); a new best is
+    exported to best_model/; the early-stopping count is updated. A stop signal abandons it
+    (`EvaluationAbandoned`)."""
+    accelerator, config, state, plan = run.accelerator, run.config, run.state, run.plan
     scores = evaluate_splits(
         accelerator, run.model, run.eval_loaders, metric, run.task, lambda: stop.requested(accelerator)
     )
-    result = {"step": state.global_step, "epoch": epoch + 1, **scores}
+    epoch = round(state.epoch + state.micro_batches_in_epoch / plan.micro_batches_per_epoch, 4)
+    result = {"step": state.global_step, "epoch": epoch, **scores}
+    improved = _keep_best_and_count(config, state, result)
     if accelerator.is_main_process:
         run.log.log(result)
-    score = result[config.metric_for_best_model]
-    if state.best_metric is None or score > state.best_metric:
-        state.best_metric, state.best_step = score, state.global_step
+    if accelerator.is_local_main_process:  # the progress bar's own line, on the machine's first rank
+        name = config.metric_for_best_model
+        progress.write(
+            f"step {state.global_step}: {name} {result[name]:.4f}"
+            + (" (best so far)" if improved else f" (best {state.best_metric:.4f} at step {state.best_step})")
+        )
+    if improved:
         # Collective: the best weights so far, kept whatever checkpoint rotation removes.
-        export_model(accelerator, run.model, run.tokenizer, str(Path(config.output_dir) / BEST_MODEL_DIR))
-    return result
+        best_dir = Path(config.output_dir) / BEST_MODEL_DIR
+        export_model(accelerator, run.model, run.tokenizer, str(best_dir))
+        if accelerator.is_main_process:  # which step they are from: --load_best_model_at_end checks it
+            with writing("the best model", config.output_dir):
+                (best_dir / BEST_RECORD).write_text(json.dumps(result, indent=2))
+    if stopped_early(config, state) and accelerator.is_main_process:
+        progress.write(
+            f"early stopping at step {state.global_step}: {config.metric_for_best_model} did not improve by "
+            f"more than {config.early_stopping_threshold} for {state.early_stopping_patience_counter} "
+            f"evaluations in a row (--early_stopping_patience {config.early_stopping_patience}); best "
+            f"{state.best_metric:.4f} at step {state.best_step}"
+        )
+
+
+def _keep_best_and_count(config: TrainConfig, state: TrainState, result: dict) -> bool:
+    """Records the evaluation in `state`: the best one by --metric_for_best_model (any improvement) and
+    the early-stopping count (as transformers' EarlyStoppingCallback: it restarts only when the best is
+    beaten by more than --early_stopping_threshold). Returns whether this is the new best."""
+    score, best = result[config.metric_for_best_model], state.best_metric
+    better = best is None or (score > best if config.greater_is_better else score < best)
+    if best is None or (better and abs(score - best) > config.early_stopping_threshold):
+        state.early_stopping_patience_counter = 0
+    else:
+        state.early_stopping_patience_counter += 1
+    if better:
+        state.best_metric, state.best_step, state.best_evaluation = score, state.global_step, result
+    state.last_evaluation, state.last_eval_step = result, state.global_step
+    return better
+
+
+def stopped_early(config: TrainConfig, state: TrainState) -> bool:
+    """Whether --early_stopping_patience ran out (also in a resumed run's checkpointed counters)."""
+    patience = config.early_stopping_patience
+    return patience is not None and state.early_stopping_patience_counter >= patience
 
 
 def _average_over_real_window(accelerator, model, window_samples: int, full_window: int) -> None:

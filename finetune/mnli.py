@@ -22,9 +22,12 @@ from transformers import get_scheduler
 
 from finetune.attention import use_sync_free_masks, use_varlen_attention, varlen_position_offset
 from finetune.checkpoint import (
+    BEST_MODEL_DIR,
     TrainState,
+    best_model_step,
     check_output_dir,
     export_model,
+    load_best_model,
     load_checkpoint,
     model_signature,
     remove_earlier_run,
@@ -33,7 +36,7 @@ from finetune.checkpoint import (
     writing,
 )
 from finetune.compile import compile_cache_line
-from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
+from finetune.config import ConfigError, TrainConfig, greater_is_better_default, parse_config, to_dict
 from finetune.data import build_dataloaders, load_splits, resolve_pad_to_multiple_of, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
 from finetune.kernels import resolve_dropout_kernel, use_packed_dropout
@@ -44,7 +47,7 @@ from finetune.loading import (
     prepare_decoder,
 )
 from finetune.lock import release_lock, take_lock
-from finetune.loop import Run, model_flops_utilization, train
+from finetune.loop import Run, model_flops_utilization, stopped_early, train
 from finetune.memory import enable_gradient_checkpointing, fit_batch_size
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
 from finetune.padding_free import resolve_padding_free, use_padding_free
@@ -130,15 +133,15 @@ def setup(config: TrainConfig) -> Run:
     loading = loading_options(config, accelerator.device.type, bf16_is_fast())  # refusals before the data
 
     task, splits = load_splits(config)
-    measured = [
-        eval_key(s, m)
-        for s in task.validation_splits
-        if s in splits
-        for m in task.metrics + task.per_class_metrics
-    ]
+    splits_measured = [s for s in task.validation_splits if s in splits]
+    metrics = (*task.metrics, *task.per_class_metrics, "loss")
+    measured = [eval_key(s, m) for s in splits_measured for m in metrics]
+    measured += ["eval_loss"] if "eval_loss" not in measured else []  # over every split's rows
     # Resolved here, where the task is known, so train_config.json shows what picked the best model.
     config.metric_for_best_model = config.metric_for_best_model or (measured[0] if measured else None)
-    if config.do_train and config.metric_for_best_model not in measured:
+    if config.greater_is_better is None and config.metric_for_best_model:
+        config.greater_is_better = greater_is_better_default(config.metric_for_best_model)
+    if config.do_train and config.eval_strategy != "no" and config.metric_for_best_model not in measured:
         raise ConfigError(
             f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
         )
@@ -246,7 +249,7 @@ def execute(run: Run) -> dict:
     if config.do_train:
         stop = StopSignals()
         try:
-            last_eval, runtime_s, eval_runtime_s = train(run, stop)
+            runtime_s, eval_runtime_s = train(run, stop)
         except torch.OutOfMemoryError:
             raise TrainingFailed(
                 f"out of memory at step {state.global_step + 1} with --per_device_train_batch_size "
@@ -255,11 +258,13 @@ def execute(run: Run) -> dict:
             ) from None
         finally:
             stop.restore()
+        exported = use_best_model(run)  # collective: the evaluation of the model exported below
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
         if config.torch_compile and accelerator.is_main_process:
             print(compile_cache_line())  # whether this run reused an earlier run's compiled code
+        last_eval = state.last_evaluation or {}
         results = {
-            **last_eval,
+            **{k: v for k, v in exported.items() if k not in ("step", "epoch")},
             "global_step": state.global_step,
             "epoch": last_eval.get("epoch", state.epoch),
             "train_runtime_s": runtime_s,
@@ -270,6 +275,7 @@ def execute(run: Run) -> dict:
             "eval_runtime_s": eval_runtime_s,
             "best_metric": state.best_metric,
             "best_step": state.best_step,
+            **training_outcome(run, exported),
         }
     elif run.eval_loaders:
         results = evaluate_splits(
@@ -308,6 +314,46 @@ def execute(run: Run) -> dict:
         if config.push_to_hub:
             print(f"pushed to {push_to_hub(config.output_dir, config.hub_model_id)}")
     return results
+
+
+def use_best_model(run: Run) -> dict:
+    """Collective: with --load_best_model_at_end, the best weights (best_model/) put back into the model
+    for the export, the predictions and the Hub, as Hugging Face Trainer does. Returns the evaluation
+    of the model that stays: the best, or the last one."""
+    config, state, accelerator = run.config, run.state, run.accelerator
+    if not (config.load_best_model_at_end and state.best_evaluation):
+        return state.last_evaluation or {}
+    if state.best_step != state.global_step:
+        if best_model_step(config.output_dir) != state.best_step:  # read by every rank: the same file
+            if accelerator.is_main_process:
+                print(
+                    f"--load_best_model_at_end: {Path(config.output_dir) / BEST_MODEL_DIR} does not hold the "
+                    f"best model (step {state.best_step}; was the checkpoint resumed in another folder?): "
+                    f"the model exported is the last one, from step {state.global_step}"
+                )
+            return state.last_evaluation or {}
+        load_best_model(accelerator, run.model, config.output_dir)
+    if accelerator.is_main_process:
+        print(
+            f"--load_best_model_at_end: exporting{' and predicting with' if run.test_loader else ''} the "
+            f"best model, from step {state.best_step} ({config.metric_for_best_model} "
+            f"{state.best_metric:.4f}); the last step was {state.global_step}"
+        )
+    return state.best_evaluation
+
+
+def training_outcome(run: Run, exported: dict) -> dict:
+    """results.json's account of the evaluations: the best, the last, which one the exported model is,
+    and why training ended."""
+    config, state = run.config, run.state
+    early = stopped_early(config, state)
+    return {
+        "best_evaluation": state.best_evaluation,
+        "last_evaluation": state.last_evaluation,
+        "exported_model_step": exported.get("step", state.global_step),
+        "stopped_early": early,
+        "early_stopping_step": state.global_step if early else None,
+    }
 
 
 def close(run: Run) -> None:

@@ -88,7 +88,9 @@ def write_model_card(
         "",
         *(f"- {name} data: `{source}`" for name, source in data.items() if source),
         f"- rows: {', '.join(f'{name} {n:,}' for name, n in data_rows.items())}",
-        f"- steps: {results.get('global_step')} optimizer steps, {results.get('epoch')} epochs",
+        f"- steps: {results.get('global_step')} optimizer steps, {results.get('epoch')} epochs"
+        + (" (stopped early)" if results.get("stopped_early") else ""),
+        *_exported_model_line(config, results),
         f"- hardware: {machine}, mixed precision {results.get('mixed_precision')}",
         f"- wall time: {wall_s:.1f} s in all, {results.get('train_runtime_s', 0):.1f} s training "
         f"({results.get('train_samples_per_second', 0):.1f} samples/s)",
@@ -186,6 +188,19 @@ def plot_confusion_matrix(results: dict, png: Path) -> None:
     figure.tight_layout()
     figure.savefig(png, dpi=100)
     plt.close(figure)
+
+
+def _exported_model_line(config: TrainConfig, results: dict) -> list[str]:
+    """Which step the model in this folder is from, and why."""
+    step = results.get("exported_model_step")
+    if step is None:
+        return []
+    why = (
+        f"the best evaluation by {config.metric_for_best_model}"
+        if config.load_best_model_at_end and step == results.get("best_step")
+        else "the last step"
+    )
+    return [f"- this model: the weights of step {step}, {why}"]
 
 
 def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str]) -> None:

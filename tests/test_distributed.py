@@ -231,15 +231,23 @@ def test_compressed_gradients_over_two_ranks(documented_run, tiny_model_dir, nli
 
 
 def test_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
-    """FSDP2 (sharded parameters and optimizer state) on CPU: same loop, resume, a loadable export."""
+    """FSDP2 (sharded parameters and optimizer state) on CPU: same loop, resume, a loadable export,
+    which is the best model put back into the sharded one (validation labels shifted by one, so the
+    best evaluation comes before the last)."""
     launcher = accelerate_launch(
         "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all", "--mixed_precision", "no"
     )
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    args = ["--checkpointing_steps", "10"]  # 1 epoch: 19 steps
+    shifted = tmp_path / "shifted.jsonl"
+    rows = [json.loads(line) for line in nli_files["validation"].read_text().splitlines()]
+    shifted.write_text("".join(json.dumps({**r, "label": (r["label"] + 1) % 3}) + "\n" for r in rows))
+    nli_files = {**nli_files, "validation": shifted}
+    args = ["--checkpointing_steps", "10", "--eval_strategy", "steps", "--eval_steps", "4"]  # 19 steps
     two_process(tiny_args(tiny_model_dir, nli_files, full, *args), launcher)
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-10", resumed / "checkpoint-10")  # mid-epoch
+    # With the best model so far (a run resumed in its own folder finds it there).
+    shutil.copytree(full / "best_model", resumed / "best_model")
     launcher = accelerate_launch(
         "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all", "--mixed_precision", "no"
     )
@@ -250,6 +258,9 @@ def test_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
     assert a["world_size"] == b["world_size"] == 2 and a["global_step"] == b["global_step"] == 19
     assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"]
     assert_same_weights(weights(full), weights(resumed))
+    assert a["best_step"] < 19 and a["exported_model_step"] == a["best_step"]
+    root, best = weights(full), weights(full / "best_model")
+    assert all(torch.equal(root[name], best[name]) for name in best)
     check = (
         "import sys; from transformers import pipeline; "
         "classify = pipeline('text-classification', model=sys.argv[1]); "

@@ -19,9 +19,20 @@ from tests.helpers import PYTHON, free_port, read_jsonl, reset_accelerate, run_c
 
 BIN = os.path.dirname(PYTHON)
 EPOCHS = ["--num_train_epochs", "2", "--checkpointing_steps", "10"]  # 38 steps/epoch on 1 rank, 19 on 2
-# Killed or stopped mid-epoch 2, after the checkpoint at 50 (1 rank) or 30 (2 ranks) and after a
-# logged line (55, 35) that the resumed run must replace.
-STOP_AT = {1: 57, 2: 37}
+# Killed or stopped after the checkpoint at 50 (1 rank, mid-epoch 2) or 20 (2 ranks, mid-epoch 2) and
+# after a logged line (55, 25) that the resumed run must replace.
+STOP_AT = {1: 57, 2: 27}
+# Early stopping, evaluated every 10 steps on eval_loss with a threshold no change of it reaches: the
+# first evaluation sets the best and each later one counts, so the runs stop early, after the kill:
+# at 60 of 76 steps (1 rank, patience 5) or 30 of 38 (2 ranks, patience 2). A resumed run must carry
+# the count on from its checkpoint to stop there too.
+STOPS_EARLY_AT = {1: 60, 2: 30}
+
+
+def training_args(nproc: int) -> list[str]:
+    patience = STOPS_EARLY_AT[nproc] // 10 - 1
+    return [*EPOCHS, "--eval_strategy", "steps", "--eval_steps", "10", "--metric_for_best_model", "eval_loss",
+            "--early_stopping_threshold", "10", "--early_stopping_patience", str(patience)]  # fmt: skip
 
 
 def launcher(nproc: int, *extra: str) -> list[str]:
@@ -74,7 +85,7 @@ def unbroken(tiny_model_dir, nli_files, tmp_path_factory):
     def reference(nproc: int):
         if nproc not in made:
             out = tmp_path_factory.mktemp(f"unbroken{nproc}") / "out"
-            args = tiny_args(tiny_model_dir, nli_files, out, *EPOCHS)
+            args = tiny_args(tiny_model_dir, nli_files, out, *training_args(nproc))
             if nproc == 1:
                 main(args)
                 reset_accelerate()
@@ -100,7 +111,7 @@ def test_sigkill_mid_epoch_then_auto_resume_is_bitwise_equal(
 ):
     reference = unbroken(nproc)
     out = tmp_path / "out"
-    args = tiny_args(tiny_model_dir, nli_files, out, *EPOCHS)
+    args = tiny_args(tiny_model_dir, nli_files, out, *training_args(nproc))
     at, saved = STOP_AT[nproc], STOP_AT[nproc] // 10 * 10
     # Every rank kills itself at step `at`, as a lost machine takes them all.
     killed = run_cli([*launcher(nproc), "tests/probes/signal_at_step.py", *args], env=signal_at(at, "KILL"))
@@ -108,11 +119,29 @@ def test_sigkill_mid_epoch_then_auto_resume_is_bitwise_equal(
     assert checkpoints(out)[-1] == f"checkpoint-{saved}"
     assert step_losses(out)[-1][0] == at // 5 * 5 > saved  # logged after the checkpoint: to be replaced
 
+    state = json.loads((out / f"checkpoint-{saved}" / "trainer_state.json").read_text())
+    assert state["early_stopping_patience_counter"] == saved // 10 - 1  # evaluated, then checkpointed
+
     stdout = resume(nproc, args, capsys)
     assert f"resuming from {out / f'checkpoint-{saved}'} at step {saved}" in stdout
     results = json.loads((out / "results.json").read_text())
+    expected = json.loads((reference / "results.json").read_text())
     assert results["world_size"] == nproc
+    stopped = STOPS_EARLY_AT[nproc]  # not later: the count went on from the checkpoint's
+    assert (
+        (results["stopped_early"], results["early_stopping_step"])
+        == (True, stopped)
+        == (
+            expected["stopped_early"],
+            expected["global_step"],
+        )
+    )
+    assert (results["best_evaluation"], results["last_evaluation"]) == (
+        expected["best_evaluation"],
+        expected["last_evaluation"],
+    )
     assert_bitwise_equal(out, reference)
+    assert_bitwise_equal(out / "best_model", reference / "best_model")
     assert step_losses(out) == step_losses(reference)  # before the kill, and replayed after it
 
 
@@ -122,7 +151,7 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(
 ):
     reference = unbroken(1)  # one process is enough: the write is staged the same way for any world size
     out = tmp_path / "out"
-    args = tiny_args(tiny_model_dir, nli_files, out, *EPOCHS)
+    args = tiny_args(tiny_model_dir, nli_files, out, *training_args(1))
     crashed = run_cli(
         [PYTHON, "tests/probes/crash_in_checkpoint_write.py", *args], env={"CRASH_IN_CHECKPOINT": "20"}
     )
@@ -142,7 +171,7 @@ def test_sigterm_checkpoints_exits_and_resumes_the_same_wandb_run(
     """Preemption: finish the step, save, exit 143 with one line; the relaunch continues exactly."""
     reference = unbroken(nproc)
     out = tmp_path / "out"
-    args = tiny_args(tiny_model_dir, nli_files, out, *EPOCHS)
+    args = tiny_args(tiny_model_dir, nli_files, out, *training_args(nproc))
     args[args.index("--report_to") + 1] = "wandb"
     env = {"HOME": str(tmp_path), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     at = STOP_AT[nproc]

@@ -50,6 +50,7 @@ def test_each_task_shape_trains_and_reports_the_glue_metrics(
     results = main(task_args(tiny_encoder_dir, files, out, "--task_name", task_name))
     scores = {k: v for k, v in results.items() if k.startswith("eval_")}
     del scores["eval_samples"], scores["eval_runtime_s"]
+    assert scores.pop("eval_loss") > 0  # every task reports its loss too
     assert scores.keys() == metrics.keys()
     assert all(scores[k] > floor for k, floor in metrics.items()), scores
     assert results["eval_samples"] == 101
