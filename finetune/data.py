@@ -547,8 +547,8 @@ def build_dataloaders(
     position_offset: int = 0,
 ) -> dict[str, DataLoader]:
     """One loader per split: train in seeded length-grouped order, the others sorted by length.
-    `position_offset`: where positions
-    start in a `--padding_free varlen` batch (RoBERTa's start after its padding id)."""
+    `position_offset`: where positions start in a `--padding_free varlen` batch (RoBERTa's start after
+    its padding id)."""
     multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
     if config.padding_free == "varlen":
         collator = VarlenCollator(tokenizer, multiple, config.max_length, position_offset)

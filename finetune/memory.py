@@ -8,7 +8,7 @@ from datasets import Dataset
 from torch import nn
 
 from finetune.config import ConfigError, TrainConfig
-from finetune.data import MODEL_INPUTS, PadCollator
+from finetune.data import MODEL_INPUTS, PadCollator, resolve_pad_to_multiple_of
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> None:
@@ -40,8 +40,9 @@ def fit_batch_size(config: TrainConfig, model: nn.Module, train: Dataset, tokeni
     longest = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)
     inputs = train.select_columns([c for c in MODEL_INPUTS if c in train.column_names])
     device = accelerator.device
-    # Padded as the training batches are (build_dataloaders).
-    collate = PadCollator(tokenizer, pad_to_multiple_of=8 if device.type == "cuda" else None)
+    # Padded as the training batches are (build_dataloaders; varlen packs no wider than this).
+    multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, device.type == "cuda"))
+    collate = PadCollator(tokenizer, multiple, config.max_length)
     model.to(device)
 
     size = start_batch
