@@ -17,6 +17,7 @@ from accelerate.utils import load as safe_load  # torch.load(weights_only=True) 
 from safetensors import SafetensorError, safe_open
 
 from finetune.config import ConfigError
+from finetune.lora import is_peft_model, save_merged_and_adapter
 from finetune.runtime import TrainingFailed, launcher_rank
 
 PREFIX = "checkpoint-"
@@ -344,7 +345,8 @@ def load_checkpoint(accelerator, path: Path, world_size: int, signature: str, tr
 
 
 def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
-    """Collective: the final model as safetensors plus its tokenizer, loadable by `pipeline`."""
+    """Collective: the final model as safetensors plus its tokenizer, loadable by `pipeline`. A LoRA
+    model is saved merged (no peft needed to load it), its adapter in `adapter/`."""
     # get_state_dict gathers shards under FSDP, so every rank takes part.
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
@@ -355,6 +357,9 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
         best = Path(output_dir).name == BEST_MODEL_DIR
         run_dir = Path(output_dir).parent if best else Path(output_dir)
         with writing(f"the {'best ' if best else ''}model", run_dir):
-            model.save_pretrained(output_dir, state_dict=state_dict)
+            if is_peft_model(model):
+                save_merged_and_adapter(model, state_dict, output_dir)
+            else:
+                model.save_pretrained(output_dir, state_dict=state_dict)
             tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()

@@ -152,6 +152,23 @@ class TrainConfig:
         "(bf16 dense: H100 SXM 989, A100 312; `make bench` measures a CPU's); unset: no MFU.",
         default=None,
     )
+    # --- LoRA through peft (TRL's flag names)
+    use_peft: bool = _help(
+        "Train LoRA adapters (peft) instead of every weight; the output is the merged model plus "
+        "output_dir/adapter.",
+        default=False,
+    )
+    lora_r: int = _help("LoRA rank: the inner size of each adapter's B·A.", default=16)
+    lora_alpha: int = _help("LoRA scaling numerator: adapters add B·A·alpha/r.", default=32)
+    lora_dropout: float = _help("Dropout on each adapter's input.", default=0.05)
+    lora_target_modules: list[str] = _help(
+        "Module names (ends of module paths, e.g. query value) that get adapters; all-linear: every "
+        "Linear layer but the head.",
+        default_factory=lambda: ["all-linear"],
+    )
+    lora_modules_to_save: list[str] | None = _help(
+        "Modules trained in full beside the adapters; default: the classification head.", default=None
+    )
     # --- outputs, checkpoints, logging
     output_dir: str | None = _help(
         "Folder for the model, results, metrics, checkpoints; default outputs/<task_name>.", default=None
@@ -262,6 +279,12 @@ class TrainConfig:
             raise ConfigError("--push_to_hub needs the Hub; HF_HUB_OFFLINE is set: unset it or drop the flag")
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ConfigError(f"--peak_tflops must be > 0 or left unset, got {self.peak_tflops}")
+        if self.lora_r <= 0 or self.lora_alpha <= 0:
+            raise ConfigError(f"--lora_r and --lora_alpha must be positive, got {self.lora_r}, {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if "all-linear" in self.lora_target_modules and len(self.lora_target_modules) > 1:
+            raise ConfigError("--lora_target_modules: give all-linear alone, or module names without it")
         cs = self.checkpointing_steps
         if cs is not None and cs != "epoch" and not (cs.isdigit() and int(cs) > 0):
             raise ConfigError(f"--checkpointing_steps must be a positive integer or 'epoch', got {cs!r}")
@@ -348,7 +371,8 @@ def _read_yaml(path: str) -> dict:
     values.pop("config", None)
     # As strings, YAML values go through the same argparse type conversion as flags do,
     # so `learning_rate: 2e-5` (a string to YAML 1.1) and `--learning_rate 2e-5` agree.
-    return {k: v if v is None else str(v) for k, v in values.items()}
+    # Lists (lora_target_modules: [query, value]) stay lists of strings, as nargs flags give them.
+    return {k: v if v is None else [str(x) for x in v] if isinstance(v, list) else str(v) for k, v in values.items()}
 
 
 def _check_yaml_types(parser: HfArgumentParser, values: dict, path: str) -> None:

@@ -36,6 +36,7 @@ from finetune.data import build_dataloaders, load_splits, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
 from finetune.kernels import use_packed_dropout
 from finetune.lock import release_lock, take_lock
+from finetune.lora import describe_parameters, parameter_counts, training_flops_per_token, wrap_with_lora
 from finetune.loop import Run, model_flops_utilization, train
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
 from finetune.padding_free import resolve_padding_free, use_padding_free
@@ -119,7 +120,6 @@ def setup(config: TrainConfig) -> Run:
             f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
         )
     model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length)
-    signature = model_signature(config.model_name_or_path, model)
     if config.dropout_kernel == "auto":  # resolved here, so train_config.json shows which one ran
         config.dropout_kernel = "packed" if accelerator.device.type == "cpu" else "torch"
     if config.dropout_kernel == "packed":
@@ -132,6 +132,11 @@ def setup(config: TrainConfig) -> Run:
     )
     if config.keep_freed_memory == "true":
         keep_freed_memory()
+    if config.use_peft:  # after the kernels patch the model's own modules; before the optimizer
+        model = wrap_with_lora(model, config)
+    # After the wrap: a LoRA checkpoint's adapter names and shapes (r, targets) are part of it.
+    signature = model_signature(config.model_name_or_path, model)
+    parameters = parameter_counts(model)  # before prepare: FSDP shards them
     tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
     loaders = build_dataloaders(tokenized, tokenizer, config, world_size, accelerator.device.type == "cuda")
     plan = plan_steps(  # no training: a plan of zero updates
@@ -164,6 +169,7 @@ def setup(config: TrainConfig) -> Run:
         if wandb_notice:
             print(wandb_notice)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
+        print(describe_parameters(parameters))
     return Run(
         config=config,
         task=task,
@@ -180,7 +186,11 @@ def setup(config: TrainConfig) -> Run:
         log=log,
         rows={name: len(split) for name, split in splits.items()},
         started_s=started_s,
-        flops_per_token=6 * non_embedding_parameters(accelerator.unwrap_model(model)),
+        flops_per_token=(
+            training_flops_per_token(model, non_embedding_parameters(accelerator.unwrap_model(model)))
+            if config.use_peft
+            else 6 * non_embedding_parameters(accelerator.unwrap_model(model))
+        ),
     )
 
 
@@ -225,6 +235,7 @@ def execute(run: Run) -> dict:
         predictions = predict(accelerator, run.model, run.test_loader, task, run.rows["test"])
         results["predict_samples"] = len(predictions)
     results.update(describe_runtime(accelerator))
+    results.update(parameter_counts(accelerator.unwrap_model(run.model)))
     # Collective: DDP keeps replicas equal by construction; this proves it for this run.
     results["replicas_identical"] = replicas_identical(accelerator, run.model)
     machine = hardware(accelerator)

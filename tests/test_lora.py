@@ -1,0 +1,174 @@
+"""LoRA through peft (`--use_peft`): few trainable parameters, a merged model that loads without peft
+plus an adapter that loads with it, exact resume, 2 processes (DDP and FSDP), one-line refusals."""
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+
+from finetune.config import ConfigError
+from finetune.mnli import cli, main
+from tests.helpers import (
+    PYTHON,
+    assert_same_weights,
+    free_port,
+    minilm_dir,
+    read_jsonl,
+    reset_accelerate,
+    run_cli,
+    tiny_args,
+    weights,
+)
+
+LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8"]
+
+
+def lora_args(model_dir, files, output_dir, *extra):
+    return tiny_args(model_dir, files, output_dir, *LORA, *extra)
+
+
+@pytest.fixture(scope="module")
+def lora_trained(tiny_model_dir, nli_files, tmp_path_factory):
+    """One epoch of LoRA on the tiny BERT, predicting the validation rows: (output_dir, results, stdout)."""
+    output_dir = tmp_path_factory.mktemp("lora") / "out"
+    args = ["--do_predict", "--test_file", str(nli_files["validation"]), "--learning_rate", "1e-2"]
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        results = main(lora_args(tiny_model_dir, nli_files, output_dir, *args))
+    reset_accelerate()
+    return output_dir, results, printed.getvalue()
+
+
+def test_lora_trains_only_the_adapters_and_the_head(lora_trained, tiny_model_dir):
+    output_dir, results, printed = lora_trained
+    trainable, total = results["trainable_parameters"], results["total_parameters"]
+    assert json.loads((output_dir / "results.json").read_text())["trainable_parameters"] == trainable
+    assert f"parameters: {trainable:,} trainable of {total:,}" in printed
+    base = weights(tiny_model_dir)
+    # 2 layers x 6 Linear (query, key, value, attention output, intermediate, output) + the pooler, each
+    # with A (4 x in) and B (out x 4); the head's copy (3 x 32 + 3).
+    hidden, inner = 32, 64
+    per_layer = 4 * 4 * (hidden + hidden) + 4 * (hidden + inner) + 4 * (inner + hidden)
+    expected = 2 * per_layer + 4 * (hidden + hidden) + 3 * hidden + 3
+    assert trainable == expected
+    assert total == sum(t.numel() for t in base.values()) + expected  # the frozen base, once
+
+
+def test_merged_model_equals_base_plus_adapter_and_loads_without_peft(lora_trained, tiny_model_dir, nli_files):
+    """The root holds a plain BERT (the base's tensor names) whose every weight is the base weight
+    plus B·A·alpha/r of the saved adapter, or the trained head; pipeline loads it; the adapter loads on
+    the base with PeftModel.from_pretrained and computes the same logits."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    output_dir, results, _ = lora_trained
+    base, merged = weights(tiny_model_dir), weights(output_dir)
+    assert merged.keys() == base.keys() and not (output_dir / "adapter_config.json").exists()
+    adapter = load_file(output_dir / "adapter" / "adapter_model.safetensors")
+    scale = 8 / 4
+    changed = 0
+    for name, tensor in base.items():
+        module = name.removesuffix(".weight")
+        a_name = f"base_model.model.{module}.lora_A.weight"
+        if a_name in adapter:
+            delta = adapter[a_name.replace("lora_A", "lora_B")] @ adapter[a_name] * scale
+            torch.testing.assert_close(merged[name], tensor + delta, rtol=0, atol=1e-6)
+            changed += 1
+        elif name.startswith("classifier."):
+            assert torch.equal(merged[name], adapter[f"base_model.model.{name}"])
+            assert not torch.equal(merged[name], tensor)
+        else:  # embeddings, LayerNorms, biases: frozen
+            assert torch.equal(merged[name], tensor), name
+    assert changed == 2 * 6 + 1
+
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    batch = tokenizer(["A man sings.", "Two dogs run"], ["Someone sings.", "Cats sleep"], return_tensors="pt",
+                      padding=True)  # fmt: skip
+    plain = AutoModelForSequenceClassification.from_pretrained(output_dir).eval()
+    with_adapter = PeftModel.from_pretrained(
+        AutoModelForSequenceClassification.from_pretrained(tiny_model_dir), output_dir / "adapter"
+    ).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(plain(**batch).logits, with_adapter(**batch).logits, rtol=1e-4, atol=1e-5)
+    classify = pipeline("text-classification", model=str(output_dir), device="cpu")
+    assert classify([{"text": "A man sings.", "text_pair": "Someone sings."}])[0]["label"] in {
+        "entailment",
+        "neutral",
+        "contradiction",
+    }
+    assert len(read_jsonl(output_dir / "predictions.jsonl")) == results["predict_samples"]
+
+
+def test_best_model_is_merged_and_evaluates_as_reported(lora_trained, nli_files, tmp_path):
+    output_dir, results, _ = lora_trained
+    best = output_dir / "best_model"
+    assert weights(best).keys() == weights(output_dir).keys()
+    assert (best / "adapter" / "adapter_config.json").is_file()
+    evaluated = main(
+        ["--model_name_or_path", str(best), "--validation_file", str(nli_files["validation"]),
+         "--do_train", "false", "--output_dir", str(tmp_path / "eval"), "--report_to", "none",
+         "--mixed_precision", "no", "--max_length", "64"]
+    )  # fmt: skip
+    assert evaluated["eval_matched_accuracy"] == results["eval_matched_accuracy"]  # 1 epoch: best = last
+
+
+def test_lora_resume_mid_epoch_with_accumulation_ends_bitwise_equal(tiny_model_dir, nli_files, tmp_path):
+    """The checkpoint holds the frozen base and the adapter; a resumed run ends bitwise where an unbroken
+    one did, frozen weights untouched."""
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    args = ["--num_train_epochs", "2", "--checkpointing_steps", "7", "--gradient_accumulation_steps", "2"]
+    main(lora_args(tiny_model_dir, nli_files, full, *args))  # 19 steps per epoch
+    reset_accelerate()
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-14", resumed / "checkpoint-14")  # mid-epoch 0
+    results = main(lora_args(tiny_model_dir, nli_files, resumed, *args, "--resume_from_checkpoint", "auto"))
+    assert results["global_step"] == 38
+    a, b = weights(full), weights(resumed)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    from safetensors.torch import load_file
+
+    adapter_a, adapter_b = (load_file(d / "adapter" / "adapter_model.safetensors") for d in (full, resumed))
+    assert all(torch.equal(adapter_a[name], adapter_b[name]) for name in adapter_a)
+    checkpoint = load_file(full / "checkpoint-14" / "model.safetensors")
+    base = weights(tiny_model_dir)
+    frozen = "base_model.model.bert.encoder.layer.0.attention.self.query.base_layer.weight"
+    assert torch.equal(checkpoint[frozen], base["bert.encoder.layer.0.attention.self.query.weight"])
+
+
+def test_a_target_module_the_model_lacks_is_one_line_before_training(tiny_model_dir, nli_files, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = cli(lora_args(tiny_model_dir, nli_files, out, "--lora_target_modules", "q_proj", "value"))
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "error: --lora_target_modules: this bert model has no module named q_proj; its Linear layers are "
+        "classifier, dense, key, query, value (or pass all-linear)"
+    )
+    assert not list(out.glob("*.json*")) and not list(out.glob("checkpoint-*"))
+
+
+def test_a_model_peft_cannot_wrap_is_one_line_before_training(tiny_model_dir, nli_files, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli(lora_args(tiny_model_dir, nli_files, out, "--lora_target_modules", "LayerNorm")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --use_peft: peft cannot wrap this bert model with --lora_target_modules ")
+    assert err.endswith("target its Linear layers or train without --use_peft")
+    assert not (out / "results.json").exists()
+
+
+def test_lora_flags_are_checked():
+    for flags, message in [
+        (["--lora_r", "0"], "--lora_r and --lora_alpha must be positive"),
+        (["--lora_dropout", "1"], r"--lora_dropout must be in \[0, 1\)"),
+        (["--lora_target_modules", "all-linear", "query"], "--lora_target_modules: give all-linear alone"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            from finetune.config import parse_config
+
+            parse_config(["--train_file", "a.jsonl", "--validation_file", "b.jsonl", *flags])
