@@ -172,3 +172,60 @@ def test_lora_flags_are_checked():
             from finetune.config import parse_config
 
             parse_config(["--train_file", "a.jsonl", "--validation_file", "b.jsonl", *flags])
+
+
+def accelerate_launch(config_file: str, *launch_args: str) -> list[str]:
+    accelerate = str(__import__("pathlib").Path(PYTHON).parent / "accelerate")
+    return [accelerate, "launch", "--config_file", config_file, "--main_process_port", str(free_port()),
+            *launch_args, "finetune/mnli.py"]  # fmt: skip
+
+
+def two_process(launcher: list[str], args: list[str]) -> dict:
+    done = run_cli([*launcher, *args])
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+@pytest.mark.multiprocess
+def test_lora_on_two_processes_ddp_keeps_replicas_equal(tiny_model_dir, nli_files, tmp_path):
+    """DDP over 2 real processes (gloo): only the adapters' gradients are all-reduced, the replicas end
+    identical, and rank 0 exports the merged model and the adapter once."""
+    out = tmp_path / "out"
+    done = two_process(
+        accelerate_launch("accelerate_configs/cpu_multiprocess.yaml"),
+        lora_args(tiny_model_dir, nli_files, out, "--gradient_accumulation_steps", "2"),
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["replicas_identical"] is True
+    assert results["global_step"] == 10  # ceil(600 / (16 x 2 ranks)) = 19 micro-batches per rank
+    assert done.stdout.count("trainable of") == 1
+    assert weights(out).keys() == weights(tiny_model_dir).keys()
+    assert (out / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.multiprocess
+def test_lora_under_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
+    """accelerate_configs/fsdp_lora.yaml on 2 CPU processes: sharded base and adapters, resume from a
+    mid-epoch sharded checkpoint, a merged export that pipeline loads without peft."""
+    launch = ["--num_processes", "2", "--gpu_ids", "all", "--mixed_precision", "no"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    args = ["--checkpointing_steps", "10"]  # 1 epoch: 19 steps
+    two_process(accelerate_launch("accelerate_configs/fsdp_lora.yaml", *launch),
+                lora_args(tiny_model_dir, nli_files, full, *args))  # fmt: skip
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-10", resumed / "checkpoint-10")
+    two_process(accelerate_launch("accelerate_configs/fsdp_lora.yaml", *launch),
+                lora_args(tiny_model_dir, nli_files, resumed, *args, "--resume_from_checkpoint", "auto"))  # fmt: skip
+    a, b = (json.loads((d / "results.json").read_text()) for d in (full, resumed))
+    assert a["world_size"] == b["world_size"] == 2 and a["global_step"] == b["global_step"] == 19
+    assert a["trainable_parameters"] < a["total_parameters"] / 10
+    assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"]
+    assert_same_weights(weights(full), weights(resumed))
+    assert weights(full).keys() == weights(tiny_model_dir).keys()
+    check = (
+        "import sys; from transformers import pipeline; "
+        "classify = pipeline('text-classification', model=sys.argv[1]); "
+        "print(classify([{'text': 'A man sings.', 'text_pair': 'Someone sings.'}])[0]['label'])"
+    )
+    done = run_cli([sys.executable, "-c", check, str(full)])
+    assert done.stdout.strip() in {"entailment", "neutral", "contradiction"}, done.stderr
