@@ -280,7 +280,9 @@ class TrainConfig:
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ConfigError(f"--peak_tflops must be > 0 or left unset, got {self.peak_tflops}")
         if self.lora_r <= 0 or self.lora_alpha <= 0:
-            raise ConfigError(f"--lora_r and --lora_alpha must be positive, got {self.lora_r}, {self.lora_alpha}")
+            raise ConfigError(
+                f"--lora_r and --lora_alpha must be positive, got {self.lora_r} and {self.lora_alpha}"
+            )
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ConfigError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if "all-linear" in self.lora_target_modules and len(self.lora_target_modules) > 1:
@@ -372,7 +374,8 @@ def _read_yaml(path: str) -> dict:
     # As strings, YAML values go through the same argparse type conversion as flags do,
     # so `learning_rate: 2e-5` (a string to YAML 1.1) and `--learning_rate 2e-5` agree.
     # Lists (lora_target_modules: [query, value]) stay lists of strings, as nargs flags give them.
-    return {k: v if v is None else [str(x) for x in v] if isinstance(v, list) else str(v) for k, v in values.items()}
+    as_strings = {k: v if v is None else str(v) for k, v in values.items()}
+    return {**as_strings, **{k: [str(x) for x in v] for k, v in values.items() if isinstance(v, list)}}
 
 
 def _check_yaml_types(parser: HfArgumentParser, values: dict, path: str) -> None:

@@ -36,8 +36,8 @@ from finetune.data import build_dataloaders, load_splits, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
 from finetune.kernels import use_packed_dropout
 from finetune.lock import release_lock, take_lock
-from finetune.lora import describe_parameters, parameter_counts, training_flops_per_token, wrap_with_lora
 from finetune.loop import Run, model_flops_utilization, train
+from finetune.lora import describe_parameters, parameter_counts, training_flops_per_token, wrap_with_lora
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
 from finetune.padding_free import resolve_padding_free, use_padding_free
 from finetune.report import CURVES_FILE, hardware, plot_training_curves, push_to_hub, write_model_card
