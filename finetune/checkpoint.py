@@ -17,7 +17,7 @@ from accelerate.utils import load as safe_load  # torch.load(weights_only=True) 
 from safetensors import SafetensorError, safe_open
 
 from finetune.config import ConfigError
-from finetune.lora import is_peft_model, save_merged_and_adapter
+from finetune.lora import is_peft_model, lora_settings, save_merged_and_adapter
 from finetune.runtime import TrainingFailed, launcher_rank
 
 PREFIX = "checkpoint-"
@@ -70,6 +70,7 @@ TRAINING_KEYS = {
     "lr_scheduler_type": "--lr_scheduler_type",
     "seed": "--seed",
     "max_length": "--max_length",
+    "lora": "LoRA",
 }
 
 
@@ -86,6 +87,7 @@ def training_config(config, task, plan, world_size: int) -> dict:
         "lr_scheduler_type": config.lr_scheduler_type,
         "seed": config.seed,
         "max_length": config.max_length,
+        "lora": lora_settings(config),
     }
 
 

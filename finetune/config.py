@@ -287,6 +287,11 @@ class TrainConfig:
             raise ConfigError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if "all-linear" in self.lora_target_modules and len(self.lora_target_modules) > 1:
             raise ConfigError("--lora_target_modules: give all-linear alone, or module names without it")
+        if self.use_peft and not self.do_train:
+            raise ConfigError(
+                "--use_peft trains new adapters, --do_train false trains nothing: evaluate a LoRA run's "
+                "merged model (its output_dir) without --use_peft"
+            )
         cs = self.checkpointing_steps
         if cs is not None and cs != "epoch" and not (cs.isdigit() and int(cs) > 0):
             raise ConfigError(f"--checkpointing_steps must be a positive integer or 'epoch', got {cs!r}")

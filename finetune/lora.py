@@ -26,6 +26,17 @@ def is_peft_model(model: nn.Module) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
+def lora_settings(config) -> str:
+    """What a resumed run must share with its checkpoint's: "none", or the adapters' shape and scale."""
+    if not config.use_peft:
+        return "none"
+    saved = " ".join(config.lora_modules_to_save or ["(the head)"])
+    return (
+        f"r {config.lora_r}, alpha {config.lora_alpha}, dropout {config.lora_dropout}, "
+        f"targets {' '.join(config.lora_target_modules)}, trained in full {saved}"
+    )
+
+
 def classification_head(model: nn.Module) -> str:
     """The name of the top-level module that maps to the labels: BERT and RoBERTa `classifier`,
     Llama and Qwen `score`, ... found as the top-level child holding a Linear with num_labels outputs

@@ -24,7 +24,7 @@ from tests.helpers import (
     weights,
 )
 
-MINILM_STEPS = 150
+MINILM_STEPS = 100
 LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8"]
 
 
@@ -138,6 +138,14 @@ def test_lora_resume_mid_epoch_with_accumulation_ends_bitwise_equal(tiny_model_d
 
     adapter_a, adapter_b = (load_file(d / "adapter" / "adapter_model.safetensors") for d in (full, resumed))
     assert all(torch.equal(adapter_a[name], adapter_b[name]) for name in adapter_a)
+    for other, message in (
+        (["--lora_alpha", "16"], "a run with LoRA r 4, alpha 8, .*; this run has LoRA r 4, alpha 16"),
+        (["--use_peft", "false"], "was saved from a different model"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            main(lora_args(tiny_model_dir, nli_files, resumed, *args, *other, "--resume_from_checkpoint",
+                           str(full / "checkpoint-14")))  # fmt: skip
+        reset_accelerate()
     checkpoint = load_file(full / "checkpoint-14" / "model.safetensors")
     base = weights(tiny_model_dir)
     frozen = "base_model.model.bert.encoder.layer.0.attention.self.query.base_layer.weight"
@@ -170,6 +178,7 @@ def test_lora_flags_are_checked():
         (["--lora_r", "0"], "--lora_r and --lora_alpha must be positive"),
         (["--lora_dropout", "1"], r"--lora_dropout must be in \[0, 1\)"),
         (["--lora_target_modules", "all-linear", "query"], "--lora_target_modules: give all-linear alone"),
+        (["--use_peft", "--do_train", "false"], "--use_peft trains new adapters, --do_train false trains"),
     ]:
         with pytest.raises(ConfigError, match=message):
             from finetune.config import parse_config
@@ -249,7 +258,7 @@ def test_minilm_lora_learns_mnli_with_a_fraction_of_the_parameters(tmp_path, cap
         "--train_file", str(SHARED_MNLI / "train.jsonl"),
         "--validation_file", str(SHARED_MNLI / "validation_matched.jsonl"),
         "--max_train_steps", str(MINILM_STEPS), "--per_device_train_batch_size", "32",
-        "--max_eval_samples", "2000", "--report_to", "none", "--logging_steps", "50",
+        "--max_eval_samples", "1000", "--report_to", "none", "--logging_steps", "50",
     ]  # fmt: skip
     try:
         full = main([*common, "--output_dir", str(tmp_path / "full"), "--learning_rate", "1e-4"])
@@ -262,7 +271,7 @@ def test_minilm_lora_learns_mnli_with_a_fraction_of_the_parameters(tmp_path, cap
         for name, r in (("full", full), ("lora", lora)):
             print(
                 f"\nMiniLM {name}: {MINILM_STEPS} steps x 32, accuracy {r['eval_matched_accuracy']:.4f} "
-                f"on 2000 rows,"
+                f"on 1000 rows,"
                 f" {r['train_samples_per_second']:.1f} samples/s, trainable {r['trainable_parameters']:,} of"
                 f" {r['total_parameters']:,}, mixed_precision {r['mixed_precision']}"
             )
