@@ -1,6 +1,8 @@
 """LoRA through peft (`--use_peft`): few trainable parameters, a merged model that loads without peft
 plus an adapter that loads with it, exact resume, 2 processes (DDP and FSDP), one-line refusals."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -37,9 +39,6 @@ def lora_trained(tiny_model_dir, nli_files, tmp_path_factory):
     """One epoch of LoRA on the tiny BERT, predicting the validation rows: (output_dir, results, stdout)."""
     output_dir = tmp_path_factory.mktemp("lora") / "out"
     args = ["--do_predict", "--test_file", str(nli_files["validation"]), "--learning_rate", "1e-2"]
-    import contextlib
-    import io
-
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         results = main(lora_args(tiny_model_dir, nli_files, output_dir, *args))
