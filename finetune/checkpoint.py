@@ -17,6 +17,13 @@ from accelerate.utils import load as safe_load  # torch.load(weights_only=True) 
 from safetensors import SafetensorError, safe_open
 
 from finetune.config import ConfigError
+from finetune.lora import (
+    ADAPTER_DIR,
+    is_peft_model,
+    lora_settings,
+    save_merged_and_adapter,
+    with_adapter_weights,
+)
 from finetune.runtime import TrainingFailed, launcher_rank
 
 PREFIX = "checkpoint-"
@@ -81,6 +88,7 @@ TRAINING_KEYS = {
     "seed": "--seed",
     "max_length": "--max_length",
     "class_weights": "--class_weights",
+    "lora": "LoRA",
 }
 
 
@@ -99,6 +107,7 @@ def training_config(config, task, plan, world_size: int) -> dict:
         "seed": config.seed,
         "max_length": config.max_length,
         "class_weights": config.class_weights or "none",
+        "lora": lora_settings(config),
     }
 
 
@@ -358,7 +367,8 @@ def load_checkpoint(accelerator, path: Path, world_size: int, signature: str, tr
 
 
 def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
-    """Collective: the final model as safetensors plus its tokenizer, loadable by `pipeline`."""
+    """Collective: the final model as safetensors plus its tokenizer, loadable by `pipeline`. A LoRA
+    model is saved merged (no peft needed to load it), its adapter in `adapter/`."""
     # get_state_dict gathers shards under FSDP, so every rank takes part.
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
@@ -369,7 +379,10 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
         best = Path(output_dir).name == BEST_MODEL_DIR
         run_dir = Path(output_dir).parent if best else Path(output_dir)
         with writing(f"the {'best ' if best else ''}model", run_dir):
-            model.save_pretrained(output_dir, state_dict=state_dict)
+            if is_peft_model(model):
+                save_merged_and_adapter(model, state_dict, output_dir)
+            else:
+                model.save_pretrained(output_dir, state_dict=state_dict)
             tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
 
@@ -395,13 +408,28 @@ def load_best_model(accelerator, model, output_dir: str) -> None:
         if index.is_file()
         else [folder / "model.safetensors"]
     )
-    if accelerator.is_fsdp2:
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    if is_peft_model(unwrapped):  # best_model/ is merged: its adapter/ holds what LoRA trained
+        full = accelerator.get_state_dict(model, unwrap=True)  # collective under FSDP: rank 0 gets it
+        if accelerator.is_main_process or not accelerator.is_fsdp2:  # DDP: every rank its own copy
+            try:
+                full = with_adapter_weights(unwrapped, full, folder / ADAPTER_DIR)
+            except (OSError, ValueError) as error:
+                raise TrainingFailed(
+                    f"{folder}: cannot read its LoRA adapter ({error}); rerun with --overwrite_output_dir"
+                ) from None
+        if accelerator.is_fsdp2:
+            from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
+
+            fsdp2_load_full_state_dict(accelerator, model, full if accelerator.is_main_process else {})
+        else:
+            unwrapped.load_state_dict(full, strict=True)
+    elif accelerator.is_fsdp2:
         from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
 
         full = {k: v for f in files for k, v in load_file(f).items()} if accelerator.is_main_process else {}
         fsdp2_load_full_state_dict(accelerator, model, full)
     else:
-        unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
         loaded = {k: v for f in files for k, v in load_file(f).items()}
         own = unwrapped.state_dict()
         # save_pretrained leaves out a weight tied to another one (the same storage): not missing.

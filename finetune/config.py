@@ -226,6 +226,23 @@ class TrainConfig:
         "(bf16 dense: H100 SXM 989, A100 312; `make bench` measures a CPU's); unset: no MFU.",
         default=None,
     )
+    # --- LoRA through peft (TRL's flag names)
+    use_peft: bool = _help(
+        "Train LoRA adapters (peft) instead of every weight; the output is the merged model plus "
+        "output_dir/adapter.",
+        default=False,
+    )
+    lora_r: int = _help("LoRA rank: the inner size of each adapter's B·A.", default=16)
+    lora_alpha: int = _help("LoRA scaling numerator: adapters add B·A·alpha/r.", default=32)
+    lora_dropout: float = _help("Dropout on each adapter's input.", default=0.05)
+    lora_target_modules: list[str] = _help(
+        "Module names (ends of module paths, e.g. query value) that get adapters; all-linear: every "
+        "Linear layer but the head.",
+        default_factory=lambda: ["all-linear"],
+    )
+    lora_modules_to_save: list[str] | None = _help(
+        "Modules trained in full beside the adapters; default: the classification head.", default=None
+    )
     # --- outputs, checkpoints, logging
     output_dir: str | None = _help(
         "Folder for the model, results, metrics, checkpoints; default outputs/<task_name>.", default=None
@@ -379,6 +396,19 @@ class TrainConfig:
             )
         if self.torch_compile_mode is not None:
             self.torch_compile = True  # as in transformers' TrainingArguments
+        if self.lora_r <= 0 or self.lora_alpha <= 0:
+            raise ConfigError(
+                f"--lora_r and --lora_alpha must be positive, got {self.lora_r} and {self.lora_alpha}"
+            )
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ConfigError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        if "all-linear" in self.lora_target_modules and len(self.lora_target_modules) > 1:
+            raise ConfigError("--lora_target_modules: give all-linear alone, or module names without it")
+        if self.use_peft and not self.do_train:
+            raise ConfigError(
+                "--use_peft trains new adapters, --do_train false trains nothing: evaluate a LoRA run's "
+                "merged model (its output_dir) without --use_peft"
+            )
         cs = self.checkpointing_steps
         if cs is not None and cs != "epoch" and not (cs.isdigit() and int(cs) > 0):
             raise ConfigError(f"--checkpointing_steps must be a positive integer or 'epoch', got {cs!r}")
@@ -541,7 +571,9 @@ def _read_yaml(path: str) -> dict:
     values.pop("config", None)
     # As strings, YAML values go through the same argparse type conversion as flags do,
     # so `learning_rate: 2e-5` (a string to YAML 1.1) and `--learning_rate 2e-5` agree.
-    return {k: v if v is None else str(v) for k, v in values.items()}
+    # Lists (lora_target_modules: [query, value]) stay lists of strings, as nargs flags give them.
+    as_strings = {k: v if v is None else str(v) for k, v in values.items()}
+    return {**as_strings, **{k: [str(x) for x in v] for k, v in values.items() if isinstance(v, list)}}
 
 
 def _check_yaml_types(parser: HfArgumentParser, values: dict, path: str) -> None:

@@ -48,6 +48,7 @@ from finetune.loading import (
 )
 from finetune.lock import release_lock, take_lock
 from finetune.loop import Run, model_flops_utilization, stopped_early, train
+from finetune.lora import describe_parameters, parameter_counts, training_flops_per_token, wrap_with_lora
 from finetune.memory import enable_gradient_checkpointing, fit_batch_size
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
 from finetune.padding_free import resolve_padding_free, use_padding_free
@@ -151,7 +152,6 @@ def setup(config: TrainConfig) -> Run:
     backbone.update(prepare_decoder(model))  # decoders: positions that ignore left padding, no cache
     if config.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    signature = model_signature(config.model_name_or_path, model)
     # resolved here, so train_config.json shows which one ran (torch for architectures it can't take)
     config.dropout_kernel = resolve_dropout_kernel(config.dropout_kernel, accelerator.device.type, model)
     if config.dropout_kernel == "packed":
@@ -171,6 +171,11 @@ def setup(config: TrainConfig) -> Run:
     )
     if config.keep_freed_memory == "true":
         keep_freed_memory()
+    if config.use_peft:  # after the kernels patch the model's own modules; before the optimizer
+        model = wrap_with_lora(model, config)
+    # After the wrap: a LoRA checkpoint's adapter names and shapes (r, targets) are part of it.
+    signature = model_signature(config.model_name_or_path, model)
+    parameters = parameter_counts(model)  # before prepare: FSDP shards them
     tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
     batch_notice = None
     if config.auto_find_batch_size and config.do_train:  # collective; sets the batch before the loaders
@@ -210,6 +215,7 @@ def setup(config: TrainConfig) -> Run:
         if batch_notice:
             print(batch_notice)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
+        print(describe_parameters(parameters))
     return Run(
         config=config,
         task=task,
@@ -226,7 +232,11 @@ def setup(config: TrainConfig) -> Run:
         log=log,
         rows={name: len(split) for name, split in splits.items()},
         started_s=started_s,
-        flops_per_token=6 * non_embedding_parameters(accelerator.unwrap_model(model)),
+        flops_per_token=(
+            training_flops_per_token(model, non_embedding_parameters(accelerator.unwrap_model(model)))
+            if config.use_peft
+            else 6 * non_embedding_parameters(accelerator.unwrap_model(model))
+        ),
     )
 
 
@@ -286,6 +296,7 @@ def execute(run: Run) -> dict:
         predictions = predict(accelerator, run.model, run.test_loader, task, run.rows["test"])
         results["predict_samples"] = len(predictions)
     results.update(describe_runtime(accelerator))
+    results.update(parameter_counts(accelerator.unwrap_model(run.model)))
     # Collective: DDP keeps replicas equal by construction; this proves it for this run.
     results["replicas_identical"] = replicas_identical(accelerator, run.model)
     machine = hardware(accelerator)

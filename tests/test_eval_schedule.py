@@ -9,20 +9,11 @@ import pytest
 import torch
 
 from finetune.mnli import cli, main, setup
-from tests.helpers import N_VALIDATION, read_jsonl, reset_accelerate, tiny_args, weights
+from tests.helpers import N_VALIDATION, read_jsonl, reset_accelerate, shifted_validation, tiny_args, weights
 
 
 def evaluations(output_dir) -> list[dict]:
     return [r for r in read_jsonl(output_dir / "metrics.jsonl") if "eval_matched_accuracy" in r]
-
-
-def shifted_validation(nli_files, tmp_path) -> dict:
-    """Validation labels shifted by one: the better the model learns, the worse it scores, so the
-    best evaluation comes before the last one."""
-    shifted = tmp_path / "shifted.jsonl"
-    rows = [json.loads(line) for line in nli_files["validation"].read_text().splitlines()]
-    shifted.write_text("".join(json.dumps({**r, "label": (r["label"] + 1) % 3}) + "\n" for r in rows))
-    return {**nli_files, "validation": shifted}
 
 
 def evaluate_only(model_dir, nli_files, output_dir, *extra) -> dict:
