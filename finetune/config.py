@@ -592,5 +592,15 @@ def _check_yaml_types(parser: HfArgumentParser, values: dict, path: str) -> None
             raise ConfigError(f"--config {path}: {key} must be one of {shown}, got {value!r}")
 
 
+def default_of(f: dataclasses.Field):
+    """A field's default value, made by its factory for the list flags."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def as_flag_value(value) -> str:
+    """A value as the command line takes it: lists space-separated (nargs flags)."""
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
 def to_dict(config: TrainConfig) -> dict:
     return dataclasses.asdict(config)

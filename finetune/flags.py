@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from finetune.config import TrainConfig, _choices
+from finetune.config import TrainConfig, _choices, as_flag_value, default_of
 
 HEADER = """# Flags
 
@@ -28,7 +28,7 @@ def flags_markdown() -> str:
         choices = _choices(hints[f.name])
         help_text = f.metadata.get("help", "").replace("|", "\\|")
         shown = " ".join(f"`{c}`" for c in choices) if choices else ""
-        rows.append(f"| `--{f.name}` | `{f.default}` | {shown} | {help_text} |")
+        rows.append(f"| `--{f.name}` | `{as_flag_value(default_of(f))}` | {shown} | {help_text} |")
     return HEADER + "\n".join(rows) + "\n"
 
 

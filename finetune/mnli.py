@@ -134,48 +134,12 @@ def setup(config: TrainConfig) -> Run:
     loading = loading_options(config, accelerator.device.type, bf16_is_fast())  # refusals before the data
 
     task, splits = load_splits(config)
-    splits_measured = [s for s in task.validation_splits if s in splits]
-    metrics = (*task.metrics, *task.per_class_metrics, "loss")
-    measured = [eval_key(s, m) for s in splits_measured for m in metrics]
-    measured += ["eval_loss"] if "eval_loss" not in measured else []  # over every split's rows
-    # Resolved here, where the task is known, so train_config.json shows what picked the best model.
-    config.metric_for_best_model = config.metric_for_best_model or (measured[0] if measured else None)
-    if config.greater_is_better is None and config.metric_for_best_model:
-        config.greater_is_better = greater_is_better_default(config.metric_for_best_model)
-    if config.do_train and config.eval_strategy != "no" and config.metric_for_best_model not in measured:
-        raise ConfigError(
-            f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
-        )
-    model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length, loading)
-    backbone = backbone_summary(model, fit_tokenizer_to_model(model, tokenizer))
-    config.attn_implementation = model.config._attn_implementation  # transformers' choice, for the record
-    backbone.update(prepare_decoder(model))  # decoders: positions that ignore left padding, no cache
-    if config.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
-    # resolved here, so train_config.json shows which one ran (torch for architectures it can't take)
-    config.dropout_kernel = resolve_dropout_kernel(config.dropout_kernel, accelerator.device.type, model)
-    if config.dropout_kernel == "packed":
-        use_packed_dropout(model)
-    config.padding_free = resolve_padding_free(config, model, accelerator.device.type)  # "true"/"false"
-    if config.padding_free == "true":
-        use_padding_free(model)
-    on_gpu = accelerator.device.type == "cuda"
-    bucketed = config.pad_to_multiple_of not in ("auto", "1")  # asked for; auto stays as measured
-    config.pad_to_multiple_of = resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu)  # a number
-    if config.padding_free == "varlen":
-        use_varlen_attention(model)
-    elif config.padding_free == "false" and bucketed:
-        use_sync_free_masks(model)  # no wait for the device per forward; see finetune/attention.py
-    config.keep_freed_memory = resolve_keep_freed_memory(  # "true"/"false", shown in train_config.json
-        config.keep_freed_memory, accelerator.device.type, accelerator.mixed_precision
-    )
-    if config.keep_freed_memory == "true":
-        keep_freed_memory()
-    if config.use_peft:  # after the kernels patch the model's own modules; before the optimizer
-        model = wrap_with_lora(model, config)
-    # After the wrap: a LoRA checkpoint's adapter names and shapes (r, targets) are part of it.
+    resolve_metric_for_best_model(config, task, splits)  # before the model loads
+    model, tokenizer, backbone = build_model(config, task, accelerator, loading)
+    # After the LoRA wrap: a LoRA checkpoint's adapter names and shapes (r, targets) are part of it.
     signature = model_signature(config.model_name_or_path, model)
     parameters = parameter_counts(model)  # before prepare: FSDP shards them
+    on_gpu = accelerator.device.type == "cuda"
     tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
     batch_notice = None
     if config.auto_find_batch_size and config.do_train:  # collective; sets the batch before the loaders
@@ -232,12 +196,64 @@ def setup(config: TrainConfig) -> Run:
         log=log,
         rows={name: len(split) for name, split in splits.items()},
         started_s=started_s,
-        flops_per_token=(
-            training_flops_per_token(model, non_embedding_parameters(accelerator.unwrap_model(model)))
-            if config.use_peft
-            else 6 * non_embedding_parameters(accelerator.unwrap_model(model))
-        ),
+        flops_per_token=flops_per_token(accelerator.unwrap_model(model), config.use_peft),
     )
+
+
+def resolve_metric_for_best_model(config: TrainConfig, task, splits: dict) -> None:
+    """--metric_for_best_model (default: the task's first metric) and --greater_is_better, checked
+    against what this run's evaluation produces; resolved in `config`, so train_config.json shows them."""
+    splits_measured = [s for s in task.validation_splits if s in splits]
+    metrics = (*task.metrics, *task.per_class_metrics, "loss")
+    measured = [eval_key(s, m) for s in splits_measured for m in metrics]
+    measured += ["eval_loss"] if "eval_loss" not in measured else []  # over every split's rows
+    config.metric_for_best_model = config.metric_for_best_model or (measured[0] if measured else None)
+    if config.greater_is_better is None and config.metric_for_best_model:
+        config.greater_is_better = greater_is_better_default(config.metric_for_best_model)
+    if config.do_train and config.eval_strategy != "no" and config.metric_for_best_model not in measured:
+        raise ConfigError(
+            f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
+        )
+
+
+def build_model(config: TrainConfig, task, accelerator, loading: dict):
+    """The model and tokenizer, fitted to each other, with this machine's speed paths and the memory
+    and LoRA settings; each resolved choice is written back to `config` for train_config.json.
+    Returns (model, tokenizer, the `backbone` record of train_config.json)."""
+    model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length, loading)
+    backbone = backbone_summary(model, fit_tokenizer_to_model(model, tokenizer))
+    config.attn_implementation = model.config._attn_implementation  # transformers' choice, for the record
+    backbone.update(prepare_decoder(model))  # decoders: positions that ignore left padding, no cache
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    device_type = accelerator.device.type
+    # torch for architectures packed dropout can't take
+    config.dropout_kernel = resolve_dropout_kernel(config.dropout_kernel, device_type, model)
+    if config.dropout_kernel == "packed":
+        use_packed_dropout(model)
+    config.padding_free = resolve_padding_free(config, model, device_type)  # "true"/"false"/"varlen"
+    if config.padding_free == "true":
+        use_padding_free(model)
+    bucketed = config.pad_to_multiple_of not in ("auto", "1")  # asked for; auto stays as measured
+    config.pad_to_multiple_of = resolve_pad_to_multiple_of(config.pad_to_multiple_of, device_type == "cuda")
+    if config.padding_free == "varlen":
+        use_varlen_attention(model)
+    elif config.padding_free == "false" and bucketed:
+        use_sync_free_masks(model)  # no wait for the device per forward; see finetune/attention.py
+    config.keep_freed_memory = resolve_keep_freed_memory(  # "true"/"false"
+        config.keep_freed_memory, device_type, accelerator.mixed_precision
+    )
+    if config.keep_freed_memory == "true":
+        keep_freed_memory()
+    if config.use_peft:  # after the kernels patch the model's own modules; before the optimizer
+        model = wrap_with_lora(model, config)
+    return model, tokenizer, backbone
+
+
+def flops_per_token(model, use_peft: bool) -> int:
+    """Training FLOPs of one real token, for MFU: 6 x non-embedding parameters; LoRA's own count."""
+    non_embedding = non_embedding_parameters(model)
+    return training_flops_per_token(model, non_embedding) if use_peft else 6 * non_embedding
 
 
 def backbone_summary(model, tokenizer_changes: list[str]) -> dict:

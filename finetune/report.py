@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from finetune.config import TrainConfig
+from finetune.config import TrainConfig, as_flag_value, default_of
 from finetune.tasks import Task
 
 CURVES_FILE = "training_curves.png"
@@ -44,7 +44,7 @@ def changed_flags(config: TrainConfig) -> dict:
     return {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(config)
-        if getattr(config, f.name) != f.default and f.name != "config"
+        if getattr(config, f.name) != default_of(f) and f.name != "config"
     }
 
 
@@ -64,7 +64,7 @@ def write_model_card(
         if config.uses_local_files
         else {"Hub": f"{config.dataset_name} ({config.dataset_config_name})"}
     )
-    flags = " ".join(f"--{k} {v}" for k, v in changed_flags(config).items())
+    flags = " ".join(f"--{k} {as_flag_value(v)}" for k, v in changed_flags(config).items())
     labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)
     labels += " (multi-label: any number per text, independent sigmoids)" if task.multi_label else ""
     scores = [(k, results[k]) for k in task.metric_keys(per_class=False) if k in results]

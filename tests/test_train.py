@@ -231,7 +231,7 @@ def test_mfu_is_logged_against_the_given_peak(trained, tiny_model_dir, nli_files
 
 @pytest.mark.slow
 def test_torch_compile_trains_exports_and_resumes_with_or_without_compile(
-    tiny_model_dir, nli_files, tmp_path
+    tiny_model_dir, nli_files, tmp_path, capsys
 ):
     """Compiled (~1-2 min on CPU): the exported weights carry the model's own names (no compile
     wrapper prefix), have trained, and evaluate to the accuracy the run reported. Its checkpoint
@@ -259,8 +259,11 @@ def test_torch_compile_trains_exports_and_resumes_with_or_without_compile(
         resumed.mkdir()
         shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")
         flags = [*args, "--resume_from_checkpoint", "auto", *compile_flags]
+        capsys.readouterr()
         results = main(tiny_args(model_dir, nli_files, resumed, *flags))
         reset_accelerate()
         assert results["global_step"] == 6
+        if compile_flags:  # the same shapes as the first run: inductor's cache serves them, and says so
+            assert "torch.compile: compile cache hit" in capsys.readouterr().out
         assert [r["step"] for r in read_jsonl(resumed / "metrics.jsonl") if "loss" in r] == [4, 5, 6]
         assert_same_weights(weights(resumed), weights(full))
