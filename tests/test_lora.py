@@ -13,6 +13,7 @@ import torch
 
 from finetune.config import ConfigError
 from finetune.mnli import cli, main
+from tests.backbones import build_tiny
 from tests.helpers import (
     PYTHON,
     SHARED_MNLI,
@@ -300,20 +301,8 @@ def test_minilm_lora_learns_mnli_with_a_fraction_of_the_parameters(tmp_path, cap
 
 @pytest.fixture(scope="module")
 def tiny_decoder_dir(tmp_path_factory):
-    """A 2-layer Llama (hidden 32) with random weights and MiniLM's tokenizer minus token_type_ids.
-    (tests/backbones.py, from another branch, will hold every family's tiny model.)"""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
-
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(minilm_dir(), model_input_names=["input_ids", "attention_mask"])
-    config = LlamaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=128, num_labels=3,
-                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForSequenceClassification(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    """A 2-layer Llama with random weights and a byte-level BPE without a pad token."""
+    return build_tiny("llama", tmp_path_factory.mktemp("tiny-llama"))
 
 
 def test_lora_on_a_decoder_trains_its_score_head_and_exports_merged(tiny_decoder_dir, nli_files, tmp_path):
