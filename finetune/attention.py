@@ -31,8 +31,8 @@ def use_sync_free_masks(model: nn.Module) -> None:
     `attention_mask.all()` every forward (a wait for the GPU) to drop the mask of a batch without
     padding. Bucketed batches nearly always hold padding, so the answer is almost always no."""
     implementation = model.config._attn_implementation
-    if implementation not in ALL_MASK_ATTENTION_FUNCTIONS:
-        return  # an attention without a transformers mask function: nothing to change
+    if implementation not in ALL_MASK_ATTENTION_FUNCTIONS or implementation not in ALL_ATTENTION_FUNCTIONS:
+        return  # eager (not a registered function) or no transformers mask function: nothing to change
     name = f"finetune_{implementation}_mask_always"
     # Global registries of transformers, so filled here rather than at import.
     AttentionInterface.register(name, ALL_ATTENTION_FUNCTIONS[implementation])

@@ -6,6 +6,7 @@ holds the same keys (flags given on the command line win over the file).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import re
@@ -72,7 +73,7 @@ class _Parser(HfArgumentParser):
     def error(self, message: str):
         # "argument --max_length/--max-length: invalid int value: 'x'" -> "--max_length: invalid ..."
         message = re.sub(r"^argument (--\w+)(/--[\w-]+)*: ", r"\1: ", message)
-        raise ConfigError(f"{message}; see --help")
+        raise ConfigError(f"{message.rstrip('.')}; see --help")
 
 
 @dataclass
@@ -118,7 +119,8 @@ class TrainConfig:
     )
     class_weights: str | None = _help(
         "Weights of the classes in the cross-entropy loss (single-label), for unbalanced data: 'balanced' "
-        "(n_rows / (n_classes * class count) of the training labels) or a comma list in label order.",
+        "(n_rows / (n_classes * class count) of the training labels) or a comma list in label order. "
+        "eval_loss is weighted the same way.",
         default=None,
     )
     validation_split_percentage: int | None = _help(
@@ -577,19 +579,28 @@ def _read_yaml(path: str) -> dict:
 
 
 def _check_yaml_types(parser: HfArgumentParser, values: dict, path: str) -> None:
-    """A YAML value the flag's type can't take is named with the file, not as the flag."""
+    """A YAML value the flag's type can't take is named with the file, not as the flag. A list flag's
+    single value becomes a list of one (in place), as `--lora_target_modules query` gives."""
     actions = {action.dest: action for action in parser._actions}
     for key, value in values.items():
         action = actions[key]
-        if value is None or action.type is None:
+        if value is None:
             continue
-        try:
-            converted = action.type(value)
-        except (TypeError, ValueError, SystemExit):
-            raise ConfigError(f"--config {path}: {key}: {value!r} is not a valid value") from None
-        if action.choices is not None and converted not in action.choices:
-            shown = ", ".join(str(c) for c in action.choices)
-            raise ConfigError(f"--config {path}: {key} must be one of {shown}, got {value!r}")
+        if action.nargs in ("+", "*") and not isinstance(value, list):
+            value = values[key] = [value]
+        if isinstance(value, list) and action.nargs not in ("+", "*"):
+            raise ConfigError(
+                f"--config {path}: {key} takes one value, not a list; write it as the flag takes it "
+                "(a comma list where it takes one, e.g. 1,2,3)"
+            )
+        for item in value if isinstance(value, list) else [value]:
+            try:
+                converted = item if action.type is None else action.type(item)
+            except (TypeError, ValueError, SystemExit, argparse.ArgumentTypeError):
+                raise ConfigError(f"--config {path}: {key}: {item!r} is not a valid value") from None
+            if action.choices is not None and converted not in action.choices:
+                shown = ", ".join(str(c) for c in action.choices)
+                raise ConfigError(f"--config {path}: {key} must be one of {shown}, got {item!r}")
 
 
 def default_of(f: dataclasses.Field):

@@ -101,7 +101,7 @@ def _is_multi_label(splits: dict[str, Dataset], config: TrainConfig) -> bool:
     feature = train.features["label"]
     if isinstance(feature, List):
         return True
-    if isinstance(feature, Value) and feature.dtype != "string":
+    if isinstance(feature, Value) and feature.dtype not in ("string", "large_string"):  # CSV: large_string
         return False
     values = train.unique("label") if isinstance(feature, Value) else train["label"]
     return any(isinstance(v, list) or (isinstance(v, str) and config.label_separator in v) for v in values)

@@ -62,9 +62,15 @@ def wrap_with_lora(model: nn.Module, config) -> nn.Module:
     from peft import LoraConfig, TaskType, get_peft_model
 
     targets = config.lora_target_modules
-    if targets != [ALL_LINEAR]:
-        _check_names_exist(model, targets, "--lora_target_modules")
     to_save = config.lora_modules_to_save or [classification_head(model)]
+    if targets != [ALL_LINEAR]:
+        _check_names_exist(model, targets, "--lora_target_modules", to_save)
+        trained_in_full = [name for name in targets if name in to_save]
+        if trained_in_full:
+            raise ConfigError(
+                f"--lora_target_modules {' '.join(trained_in_full)}: trained in full already "
+                "(--lora_modules_to_save); give adapters to other layers"
+            )
     _check_names_exist(model, to_save, "--lora_modules_to_save")
     lora = LoraConfig(
         task_type=TaskType.SEQ_CLS,
@@ -84,13 +90,15 @@ def wrap_with_lora(model: nn.Module, config) -> nn.Module:
         ) from None
 
 
-def _check_names_exist(model: nn.Module, names: list[str], flag: str) -> None:
+def _check_names_exist(model: nn.Module, names: list[str], flag: str, trained_in_full=()) -> None:
     """peft matches a name against the end of a module path ("query" matches
-    "bert.encoder.layer.0.attention.self.query"); a name that matches nothing is a typo."""
+    "bert.encoder.layer.0.attention.self.query"); a name that matches nothing is a typo. The error
+    lists the Linear layers that can take adapters (not those trained in full)."""
     paths = [path for path, _ in model.named_modules() if path]
     missing = [n for n in names if not any(p == n or p.endswith(f".{n}") for p in paths)]
     if missing:
-        linear = sorted({p.rsplit(".", 1)[-1] for p, m in model.named_modules() if isinstance(m, nn.Linear)})
+        linear = {p.rsplit(".", 1)[-1] for p, m in model.named_modules() if isinstance(m, nn.Linear)}
+        linear = sorted(linear - set(trained_in_full))
         raise ConfigError(
             f"{flag}: this {model.config.model_type} model has no module named {', '.join(missing)}; "
             f"its Linear layers are {', '.join(linear)} (or pass {ALL_LINEAR})"

@@ -100,3 +100,15 @@ def test_an_mnli_epoch_meets_at_most_6_shapes_with_buckets_of_32(tmp_path):
     config.pad_to_multiple_of = "1"
     exact = build_dataloaders(tokenized, tokenizer, config, world_size=1, on_gpu=False)["train"]
     assert len({tuple(b["input_ids"].shape) for b in exact}) > 20
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_buckets_train_with_either_attention(attention, tiny_model_dir, nli_files, tmp_path):
+    """Buckets always build the attention mask (no host wait); eager attention, which registers no
+    function of its own in transformers, trains with them too."""
+    from finetune.mnli import main
+    from tests.helpers import tiny_args
+
+    flags = ["--pad_to_multiple_of", "32", "--attn_implementation", attention, "--max_train_steps", "2"]
+    results = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", *flags))
+    assert results["global_step"] == 2 and results["eval_matched_samples"] > 0

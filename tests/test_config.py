@@ -167,13 +167,27 @@ def test_non_finite_numbers_are_refused_at_parse_time(flag, value):
         ("learning_rate: abc\n", "learning_rate: 'abc' is not a valid value"),
         ("learning_rate: .nan\n", "--learning_rate must be a finite number"),
         ("mixed_precision: fp8\n", "mixed_precision must be one of auto, no, bf16, fp16, got 'fp8'"),
+        ("greater_is_better: maybe\n", "greater_is_better: 'maybe' is not a valid value"),
+        ("class_weights: [1, 2, 3]\n", "class_weights takes one value, not a list"),
+        ("lora_target_modules: [query, 7]\n", None),  # list flags take lists (as strings, like flags)
     ],
 )
 def test_yaml_values_are_checked_like_flags(tmp_path, text, expected):
     path = tmp_path / "run.yaml"
     path.write_text(text)
+    if expected is None:
+        assert parse_config(["--config", str(path)]).lora_target_modules == ["query", "7"]
+        return
     with pytest.raises(ConfigError, match=re.escape(expected)):
         parse_config(["--config", str(path)])
+
+
+def test_a_list_flag_given_one_value_in_yaml_is_a_list_of_one(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("lora_target_modules: query\n")
+    # Not the string "query": `"all-linear" in "query"` would then test for a substring.
+    assert parse_config(["--config", str(path)]).lora_target_modules == ["query"]
+    assert parse_config(["--lora_target_modules", "query", "value"]).lora_target_modules == ["query", "value"]
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.stem)

@@ -177,9 +177,15 @@ def test_a_target_module_the_model_lacks_is_one_line(tiny_model_dir, nli_files, 
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (
         "error: --lora_target_modules: this bert model has no module named q_proj; its Linear layers are "
-        "classifier, dense, key, query, value (or pass all-linear)"
+        "dense, key, query, value (or pass all-linear)"
     )
     assert not list(out.glob("*.json*")) and not list(out.glob("checkpoint-*"))
+    # The head is trained in full (--lora_modules_to_save), so it takes no adapter.
+    assert cli(lora_args(tiny_model_dir, nli_files, out, "--lora_target_modules", "classifier")) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --lora_target_modules classifier: trained in full already (--lora_modules_to_save); give "
+        "adapters to other layers"
+    )
 
 
 def test_a_model_peft_cannot_wrap_is_one_line(tiny_model_dir, nli_files, tmp_path, capsys):

@@ -138,6 +138,22 @@ def test_label_cells_mix_lists_single_labels_and_separated_text(tmp_path):
     assert splits["validation"]["label"] == [[1, 0, 1], [0, 0, 0]]
 
 
+def test_separated_labels_in_a_csv_make_the_task_multi_label(tmp_path):
+    """datasets reads a CSV's text column as large_string, a JSONL's as string: both are label text."""
+    from finetune.config import TrainConfig
+    from finetune.data import load_splits
+
+    train, validation = tmp_path / "train.csv", tmp_path / "validation.csv"
+    train.write_text("text,tags\nrow 0,sports|politics\nrow 1,tech\nrow 2,politics|tech\n")
+    validation.write_text("text,tags\nrow a,tech|sports\n")
+    config = TrainConfig(task_name="custom", text_columns="text", label_column="tags",
+                         train_file=str(train), validation_file=str(validation))  # fmt: skip
+    task, splits = load_splits(config)
+    assert task.multi_label and task.label_names == ("politics", "sports", "tech")
+    assert splits["train"]["label"] == [[1, 1, 0], [0, 0, 1], [1, 0, 1]]
+    assert splits["validation"]["label"] == [[0, 1, 1]]
+
+
 def test_multi_label_loss_is_bce_per_label():
     from finetune.evaluation import loss_sum
     from finetune.tasks import custom_task
