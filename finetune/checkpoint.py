@@ -397,10 +397,39 @@ def best_model_step(output_dir: str) -> int | None:
 
 def load_best_model(accelerator, model, output_dir: str) -> None:
     """Collective: the weights in output_dir/best_model put back into the prepared model (Hugging Face
-    Trainer's load_best_model_at_end). Under FSDP2 rank 0 reads the file and broadcasts the shards."""
+    Trainer's load_best_model_at_end). Under FSDP2 rank 0 reads them and broadcasts the shards."""
+    folder = Path(output_dir) / BEST_MODEL_DIR
+    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+    lora = is_peft_model(unwrapped)
+    # best_model/ is merged; under LoRA its adapter/ holds what was trained, put into the full state.
+    full = accelerator.get_state_dict(model, unwrap=True) if lora else None  # collective under FSDP
+    state = {}
+    if accelerator.is_main_process or not accelerator.is_fsdp2:  # DDP: every rank reads its own copy
+        state = _with_best_adapter(unwrapped, full, folder) if lora else _best_weights(folder)
+    if accelerator.is_fsdp2:
+        from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
+
+        fsdp2_load_full_state_dict(accelerator, model, state)
+    else:
+        if not lora:
+            _check_fits(unwrapped, state, folder)
+        # A merged checkpoint leaves out tied weights (_check_fits allows for them), a LoRA state nothing.
+        unwrapped.load_state_dict(state, strict=lora)
+    accelerator.wait_for_everyone()
+
+
+def _with_best_adapter(model, full: dict, folder: Path) -> dict:
+    try:
+        return with_adapter_weights(model, full, folder / ADAPTER_DIR)
+    except (OSError, ValueError) as error:
+        raise TrainingFailed(
+            f"{folder}: cannot read its LoRA adapter ({error}); rerun with --overwrite_output_dir"
+        ) from None
+
+
+def _best_weights(folder: Path) -> dict:
     from safetensors.torch import load_file
 
-    folder = Path(output_dir) / BEST_MODEL_DIR
     index = folder / "model.safetensors.index.json"
     # save_pretrained writes one file, or shards listed in an index for large models.
     files = (
@@ -408,38 +437,17 @@ def load_best_model(accelerator, model, output_dir: str) -> None:
         if index.is_file()
         else [folder / "model.safetensors"]
     )
-    unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
-    if is_peft_model(unwrapped):  # best_model/ is merged: its adapter/ holds what LoRA trained
-        full = accelerator.get_state_dict(model, unwrap=True)  # collective under FSDP: rank 0 gets it
-        if accelerator.is_main_process or not accelerator.is_fsdp2:  # DDP: every rank its own copy
-            try:
-                full = with_adapter_weights(unwrapped, full, folder / ADAPTER_DIR)
-            except (OSError, ValueError) as error:
-                raise TrainingFailed(
-                    f"{folder}: cannot read its LoRA adapter ({error}); rerun with --overwrite_output_dir"
-                ) from None
-        if accelerator.is_fsdp2:
-            from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
+    return {k: v for f in files for k, v in load_file(f).items()}
 
-            fsdp2_load_full_state_dict(accelerator, model, full if accelerator.is_main_process else {})
-        else:
-            unwrapped.load_state_dict(full, strict=True)
-    elif accelerator.is_fsdp2:
-        from accelerate.utils.fsdp_utils import fsdp2_load_full_state_dict
 
-        full = {k: v for f in files for k, v in load_file(f).items()} if accelerator.is_main_process else {}
-        fsdp2_load_full_state_dict(accelerator, model, full)
-    else:
-        loaded = {k: v for f in files for k, v in load_file(f).items()}
-        own = unwrapped.state_dict()
-        # save_pretrained leaves out a weight tied to another one (the same storage): not missing.
-        stored = {t.data_ptr() for name, t in own.items() if name in loaded}
-        missing = [name for name, t in own.items() if name not in loaded and t.data_ptr() not in stored]
-        unexpected = sorted(set(loaded) - set(own))
-        if missing or unexpected:
-            raise TrainingFailed(
-                f"{folder} does not fit the model being trained (missing {missing[:3]}, unexpected "
-                f"{unexpected[:3]}); it is left by another run: rerun with --overwrite_output_dir"
-            )
-        unwrapped.load_state_dict(loaded, strict=False)
-    accelerator.wait_for_everyone()
+def _check_fits(model, loaded: dict, folder: Path) -> None:
+    own = model.state_dict()
+    # save_pretrained leaves out a weight tied to another one (the same storage): not missing.
+    stored = {t.data_ptr() for name, t in own.items() if name in loaded}
+    missing = [name for name, t in own.items() if name not in loaded and t.data_ptr() not in stored]
+    unexpected = sorted(set(loaded) - set(own))
+    if missing or unexpected:
+        raise TrainingFailed(
+            f"{folder} does not fit the model being trained (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}); it is left by another run: rerun with --overwrite_output_dir"
+        )

@@ -443,15 +443,15 @@ class TrainConfig:
             raise ConfigError(f"--multi_label_threshold must be in (0, 1), got {self.multi_label_threshold}")
         if not self.label_separator:
             raise ConfigError("--label_separator must not be empty; the default is |")
-        cw = self.class_weights
-        if cw is not None and cw != "balanced":
+        if self.class_weights not in (None, "balanced"):
             try:
-                weights = [float(w) for w in cw.split(",")]
+                weights = self.listed_class_weights
             except ValueError:
-                weights = []
+                weights = ()
             if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
                 raise ConfigError(
-                    f"--class_weights must be 'balanced' or a comma list of positive numbers, got {cw!r}"
+                    "--class_weights must be 'balanced' or a comma list of positive numbers, got "
+                    f"{self.class_weights!r}"
                 )
         p = self.validation_split_percentage
         if p is not None:
@@ -462,6 +462,13 @@ class TrainConfig:
                     "--validation_split_percentage carves the validation split out of --train_file: give "
                     "--train_file and no --validation_file"
                 )
+
+    @property
+    def listed_class_weights(self) -> tuple[float, ...] | None:
+        """--class_weights given as a comma list, as numbers; None when unset or 'balanced'."""
+        if self.class_weights in (None, "balanced"):
+            return None
+        return tuple(float(w) for w in self.class_weights.split(","))
 
     @property
     def carves_validation(self) -> bool:
@@ -504,8 +511,6 @@ class TrainConfig:
                 )
         if self.early_stopping_threshold < 0:
             raise ConfigError(f"--early_stopping_threshold must be >= 0, got {self.early_stopping_threshold}")
-        if self.greater_is_better is None and self.metric_for_best_model is not None:
-            self.greater_is_better = greater_is_better_default(self.metric_for_best_model)
 
     @property
     def uses_local_files(self) -> bool:

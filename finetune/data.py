@@ -195,8 +195,8 @@ def _class_weights(config: TrainConfig, task: Task, splits: dict[str, Dataset]) 
     if task.is_regression or task.multi_label:
         raise ConfigError("--class_weights is for single-label classification; drop it for this task")
     names = task.label_names
-    if config.class_weights != "balanced":
-        weights = tuple(float(w) for w in config.class_weights.split(","))
+    weights = config.listed_class_weights
+    if weights is not None:
         if len(weights) != len(names):
             raise ConfigError(
                 f"--class_weights has {len(weights)} weights; give one per label, in the order "

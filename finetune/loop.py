@@ -115,7 +115,7 @@ def train(run: Run, stop: StopSignals):
                             state.global_step % config.logging_steps == 0
                             or state.global_step == plan.total_updates
                         ):
-                            record = _train_record(run, meter, epoch)  # collective; reads the device
+                            record = _train_record(run, meter)  # collective; reads the device
                             if accelerator.is_main_process:
                                 run.log.log(record)
                             progress.set_postfix(
@@ -206,13 +206,13 @@ def _raise_if_diverged(run: Run) -> None:
             raise _diverged(step, run.config.output_dir)
 
 
-def _train_record(run: Run, meter: _Meter, epoch: int) -> dict:
+def _train_record(run: Run, meter: _Meter) -> dict:
     """Collective: the metrics.jsonl line for the steps since the last one (reads the device)."""
     _raise_if_diverged(run)
     loss_total, samples, tokens, seconds = meter.flush(run.accelerator, run.state)
     return {
         "step": run.state.global_step,
-        "epoch": round(epoch + run.state.micro_batches_in_epoch / run.plan.micro_batches_per_epoch, 4),
+        "epoch": _fractional_epoch(run),
         "loss": loss_total / samples,
         "learning_rate": run.scheduler.get_last_lr()[0],
         "grad_norm": float(meter.grad_norm),
@@ -220,6 +220,12 @@ def _train_record(run: Run, meter: _Meter, epoch: int) -> dict:
         "tokens_per_second": tokens / seconds,
         **model_flops_utilization(run, tokens / seconds, "mfu"),
     }
+
+
+def _fractional_epoch(run: Run) -> float:
+    """Epochs done, with the micro-batches of the one in progress (metrics.jsonl's `epoch`)."""
+    state = run.state
+    return round(state.epoch + state.micro_batches_in_epoch / run.plan.micro_batches_per_epoch, 4)
 
 
 def model_flops_utilization(run: Run, tokens_per_second: float, key: str) -> dict:
@@ -285,12 +291,11 @@ def _evaluate_and_keep_best(run: Run, metric, stop: StopSignals, progress) -> No
     """Collective: one evaluation, logged (metrics.jsonl, trackers, progress bar); a new best is
     exported to best_model/; the early-stopping count is updated. A stop signal abandons it
     (`EvaluationAbandoned`)."""
-    accelerator, config, state, plan = run.accelerator, run.config, run.state, run.plan
+    accelerator, config, state = run.accelerator, run.config, run.state
     scores = evaluate_splits(
         accelerator, run.model, run.eval_loaders, metric, run.task, lambda: stop.requested(accelerator)
     )
-    epoch = round(state.epoch + state.micro_batches_in_epoch / plan.micro_batches_per_epoch, 4)
-    result = {"step": state.global_step, "epoch": epoch, **scores}
+    result = {"step": state.global_step, "epoch": _fractional_epoch(run), **scores}
     improved = _keep_best_and_count(config, state, result)
     if accelerator.is_main_process:
         run.log.log(result)

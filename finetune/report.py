@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from finetune.config import TrainConfig, as_flag_value, default_of
-from finetune.tasks import Task
+from finetune.tasks import PER_CLASS, Task
 
 CURVES_FILE = "training_curves.png"
 CURVES_SIZE_PX = (1200, 400)
@@ -137,7 +137,6 @@ def _per_class_section(task: Task, results: dict) -> list[str]:
     key, confusion = found
     prefix = key.removesuffix("confusion_matrix")  # eval_ (or eval_<split>_)
     names = confusion["labels"]
-    kinds = ("precision", "recall", "f1", "support")
 
     def row(name: str, values) -> str:
         return f"| {name} | " + " | ".join(values) + " |"
@@ -147,7 +146,10 @@ def _per_class_section(task: Task, results: dict) -> list[str]:
         "",
         "| label | precision | recall | F1 | support |",
         "| --- | --- | --- | --- | --- |",
-        *(row(name, (f"{results.get(f'{prefix}{kind}_{name}', 0):.4g}" for kind in kinds)) for name in names),
+        *(
+            row(name, (f"{results.get(f'{prefix}{kind}_{name}', 0):.4g}" for kind in PER_CLASS))
+            for name in names
+        ),
         "",
         f"Confusion matrix (`{key}`; rows: true label, columns: predicted):",
         "",
@@ -160,15 +162,22 @@ def _per_class_section(task: Task, results: dict) -> list[str]:
     ]
 
 
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend: servers have no display. Imported when a chart is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def plot_confusion_matrix(results: dict, png: Path) -> None:
     """The evaluation's confusion matrix as a heat map with counts; nothing when results has none."""
     found = _confusion(results)
     if found is None:
         return
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     key, confusion = found
     names, matrix = confusion["labels"], confusion["matrix"]
@@ -205,10 +214,7 @@ def _exported_model_line(config: TrainConfig, results: dict) -> list[str]:
 
 def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str]) -> None:
     """Loss and learning rate per logged step; every evaluation metric per evaluation."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     records = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
     steps = [r for r in records if "loss" in r]
