@@ -177,3 +177,56 @@ def shifted_validation(nli_files, tmp_path) -> dict:
     rows = [json.loads(line) for line in nli_files["validation"].read_text().splitlines()]
     shifted.write_text("".join(json.dumps({**r, "label": (r["label"] + 1) % 3}) + "\n" for r in rows))
     return {**nli_files, "validation": shifted}
+
+
+def with_fault(fault: str, at_micro_batch: int):
+    """`setup`, plus a forward hook on the real model: at that training micro-batch, an OOM (as a
+    too-large batch raises on a GPU), or NaN logits (as a diverging run gives)."""
+    import torch
+
+    seen = 0
+
+    def inject(module, args, output):
+        nonlocal seen
+        if not module.training:
+            return output
+        seen += 1
+        if seen < at_micro_batch:
+            return output
+        if fault == "oom":
+            raise torch.OutOfMemoryError(
+                "CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)"
+            )
+        output.logits = output.logits * float("nan")
+        return output
+
+    def build(config):
+        from finetune.mnli import setup
+
+        run = setup(config)
+        run.model.register_forward_hook(inject)
+        return run
+
+    return build
+
+
+def sigterm_in_first_evaluation(signalled_at: list):
+    """`setup`, plus a hook that sends this process SIGTERM at the first evaluation forward (as a
+    preemption notice arriving while evaluating), recording when in `signalled_at`."""
+
+    def build(config):
+        import time
+
+        from finetune.mnli import setup
+
+        run = setup(config)
+
+        def sigterm(module, inputs):
+            if not module.training and not signalled_at:
+                signalled_at.append(time.perf_counter())
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        run.model.register_forward_pre_hook(sigterm)
+        return run
+
+    return build

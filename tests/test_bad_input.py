@@ -12,11 +12,10 @@ import shutil
 import signal
 
 import pytest
-import torch
 
 from finetune.config import ConfigError
 from finetune.mnli import cli, main, setup
-from tests.helpers import PYTHON, run_cli, tiny_args
+from tests.helpers import PYTHON, run_cli, tiny_args, with_fault
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
 
@@ -327,33 +326,6 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(
     assert "checkpoint-5 is intact" in last
     assert snapshot(out / "checkpoint-5") == kept
     assert not (out / "checkpoint-10").exists() and not list(out.glob(".checkpoint-*"))
-
-
-def with_fault(fault: str, at_micro_batch: int):
-    """`setup`, plus a forward hook on the real model: at that training micro-batch, an OOM (as a
-    too-large batch raises on a GPU), or NaN logits (as a diverging run gives)."""
-    seen = 0
-
-    def inject(module, args, output):
-        nonlocal seen
-        if not module.training:
-            return output
-        seen += 1
-        if seen < at_micro_batch:
-            return output
-        if fault == "oom":
-            raise torch.OutOfMemoryError(
-                "CUDA out of memory. Tried to allocate 2.00 GiB (injected by the test)"
-            )
-        output.logits = output.logits * float("nan")
-        return output
-
-    def build(config):
-        run = setup(config)
-        run.model.register_forward_hook(inject)
-        return run
-
-    return build
 
 
 @pytest.mark.parametrize(

@@ -1,15 +1,21 @@
 """Evaluation schedule (--eval_strategy, --eval_steps), the best model at the end, early stopping."""
 
 import json
-import os
 import shutil
-import signal
 
 import pytest
 import torch
 
-from finetune.mnli import cli, main, setup
-from tests.helpers import N_VALIDATION, read_jsonl, reset_accelerate, shifted_validation, tiny_args, weights
+from finetune.mnli import cli, main
+from tests.helpers import (
+    N_VALIDATION,
+    read_jsonl,
+    reset_accelerate,
+    shifted_validation,
+    sigterm_in_first_evaluation,
+    tiny_args,
+    weights,
+)
 
 
 def evaluations(output_dir) -> list[dict]:
@@ -136,17 +142,7 @@ def test_sigterm_during_a_mid_epoch_evaluation_resumes_with_that_evaluation(
     reset_accelerate()
 
     signalled = []
-
-    def build(config):
-        run = setup(config)
-
-        def sigterm_in_first_evaluation(module, inputs):
-            if not module.training and not signalled:
-                signalled.append(True)
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        run.model.register_forward_pre_hook(sigterm_in_first_evaluation)
-        return run
+    build = sigterm_in_first_evaluation(signalled)
 
     killed = tmp_path / "killed"
     assert cli(tiny_args(tiny_model_dir, nli_files, killed, *flags), build) == 143

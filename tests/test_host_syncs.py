@@ -8,8 +8,8 @@ import traceback
 import pytest
 import torch
 
-from finetune.mnli import cli, main, setup
-from tests.helpers import tiny_args
+from finetune.mnli import cli, main
+from tests.helpers import tiny_args, with_fault
 
 READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
 # Where the loop reads the device on purpose, at most once per log line, checkpoint or epoch.
@@ -71,22 +71,8 @@ def test_nan_far_from_a_log_line_fails_naming_its_step_and_saves_nothing(
     device, the flag is read before the epoch's evaluation, and the run fails naming step 7; no
     best_model/ or exported weights are written."""
     out = tmp_path / "out"
-    seen = 0
-
-    def nan_from_7(module, args, output):
-        nonlocal seen
-        seen += module.training
-        if module.training and seen >= 7:
-            output.logits = output.logits * float("nan")
-        return output
-
-    def build(config):
-        run = setup(config)
-        run.model.register_forward_hook(nan_from_7)
-        return run
-
     args = tiny_args(tiny_model_dir, nli_files, out, "--logging_steps", "1000", "--pad_to_multiple_of", "16")
-    assert cli(args, build) == 1
+    assert cli(args, with_fault("nan", at_micro_batch=7)) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: the loss became NaN or inf at step 7; the last good checkpoint is none")
     assert not (out / "best_model").exists() and not (out / "model.safetensors").exists()

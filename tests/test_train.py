@@ -1,16 +1,14 @@
 """End to end, in process: the real entry point trains a tiny BERT on a few hundred pairs."""
 
 import json
-import os
 import shutil
-import signal
 import time
 
 import pytest
 import torch
 
 from finetune.config import ConfigError
-from finetune.mnli import cli, main, setup
+from finetune.mnli import cli, main
 from finetune.padding_free import cpu_has_amx
 from tests.helpers import (
     N_VALIDATION,
@@ -18,6 +16,7 @@ from tests.helpers import (
     read_jsonl,
     reference_weights,
     reset_accelerate,
+    sigterm_in_first_evaluation,
     tiny_args,
     weights,
     without_dropout,
@@ -146,17 +145,7 @@ def test_sigterm_during_evaluation_abandons_it_and_resumes_exactly(
     reset_accelerate()
 
     signalled_at = []
-
-    def build(config):
-        run = setup(config)
-
-        def sigterm_in_first_evaluation(module, inputs):
-            if not module.training and not signalled_at:
-                signalled_at.append(time.perf_counter())
-                os.kill(os.getpid(), signal.SIGTERM)
-
-        run.model.register_forward_pre_hook(sigterm_in_first_evaluation)
-        return run
+    build = sigterm_in_first_evaluation(signalled_at)
 
     killed = tmp_path / "killed"
     assert cli(tiny_args(tiny_model_dir, nli_files, killed, *args), build) == 143
