@@ -141,11 +141,8 @@ def test_sigterm_during_a_mid_epoch_evaluation_resumes_with_that_evaluation(
     main(tiny_args(tiny_model_dir, nli_files, full, *flags))
     reset_accelerate()
 
-    signalled = []
-    build = sigterm_in_first_evaluation(signalled)
-
     killed = tmp_path / "killed"
-    assert cli(tiny_args(tiny_model_dir, nli_files, killed, *flags), build) == 143
+    assert cli(tiny_args(tiny_model_dir, nli_files, killed, *flags), sigterm_in_first_evaluation([])) == 143
     assert "stopped by SIGTERM after step 10; checkpoint saved" in capsys.readouterr().err
     assert not evaluations(killed)
     reset_accelerate()
