@@ -124,8 +124,6 @@ def setup(config: TrainConfig) -> Run:
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
     check_output_dir(output_dir, config.overwrite_output_dir, resuming=resume is not None)
     take_lock(output_dir)  # rank 0: one run per output folder, until close() (or run_config's failure)
-    if config.overwrite_output_dir and resume is None:
-        remove_earlier_run(output_dir)
     trackers = trackers_for(config.report_to)
     wandb_notice = wandb_offline_notice(trackers)
     accelerator = build_accelerator(config, trackers)
@@ -165,6 +163,8 @@ def setup(config: TrainConfig) -> Run:
     state = load_checkpoint(accelerator, resume, world_size, signature, training) if resume else TrainState()
     state.model_signature, state.training = signature, training
 
+    if config.overwrite_output_dir and resume is None:
+        remove_earlier_run(output_dir)  # rank 0, once every flag, file and model has loaded: a refusal keeps it
     resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan), "backbone": backbone}
     state.tracker_run_id = start_trackers(
         accelerator, config.project_name, resolved, output_dir, state.tracker_run_id

@@ -153,6 +153,17 @@ def test_overwrite_output_dir_removes_the_earlier_runs_outputs(
     assert (out / "notes.txt").read_text() == "mine"  # not the earlier run's: kept
 
 
+def test_overwrite_output_dir_keeps_the_earlier_run_when_the_new_one_is_refused(
+    unbroken, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """The refusal comes at model load, after the flags and files passed: nothing is removed yet."""
+    out = tmp_path / "out"
+    shutil.copytree(unbroken, out)
+    args = tiny_args(tiny_model_dir, nli_files, out, "--overwrite_output_dir", "--use_peft")
+    fails_cleanly(with_flag(args, "--lora_target_modules", "no_such_layer"), out, "no_such_layer", capsys)
+    assert (out / "results.json").exists() and list(out.glob("checkpoint-*"))
+
+
 def test_auto_refuses_a_checkpoint_of_another_learning_rate(
     unbroken, tiny_model_dir, nli_files, tmp_path, capsys
 ):
