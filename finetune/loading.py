@@ -39,6 +39,25 @@ def loading_options(config: TrainConfig, device_type: str, bf16_native: bool) ->
     return options
 
 
+def refuse_checkpoint_dtype(
+    model: nn.Module, config: TrainConfig, device_type: str, bf16_native: bool
+) -> None:
+    """--torch_dtype auto: the dtype the checkpoint brought passes the rules an explicit one does."""
+    if config.torch_dtype != "auto" or model.dtype not in (torch.bfloat16, torch.float16):
+        return
+    held = f"--torch_dtype auto: {config.model_name_or_path} holds {str(model.dtype)[6:]} weights"
+    if model.dtype == torch.bfloat16 and not bf16_native:
+        raise ConfigError(
+            f"{held} and this {device_type.upper()} has no native bf16 (it would emulate it, several times "
+            "slower); use --torch_dtype float32"
+        )
+    if model.dtype == torch.float16 and config.do_train:
+        raise ConfigError(
+            f"{held}, which train unstably; use --torch_dtype float32 (with --mixed_precision fp16) or "
+            "bfloat16"
+        )
+
+
 def loading_error(model_name_or_path: str, error: ValueError, loading: dict) -> ConfigError:
     """transformers' ValueError while reading a checkpoint, as one line naming the flag and the fix."""
     text = str(error)

@@ -45,6 +45,7 @@ from finetune.loading import (
     fit_tokenizer_to_model,
     loading_options,
     prepare_decoder,
+    refuse_checkpoint_dtype,
 )
 from finetune.lock import release_lock, take_lock
 from finetune.loop import Run, model_flops_utilization, stopped_early, train
@@ -129,11 +130,12 @@ def setup(config: TrainConfig) -> Run:
     accelerator = build_accelerator(config, trackers)
     world_size = accelerator.num_processes
     set_seed(config.seed)
-    loading = loading_options(config, accelerator.device.type, bf16_is_fast())  # refusals before the data
+    bf16_native = bf16_is_fast()
+    loading = loading_options(config, accelerator.device.type, bf16_native)  # refusals before the data
 
     task, splits = load_splits(config)
     resolve_metric_for_best_model(config, task, splits)  # before the model loads
-    model, tokenizer, backbone = build_model(config, task, accelerator, loading)
+    model, tokenizer, backbone = build_model(config, task, accelerator, loading, bf16_native)
     # After the LoRA wrap: a LoRA checkpoint's adapter names and shapes (r, targets) are part of it.
     signature = model_signature(config.model_name_or_path, model)
     parameters = parameter_counts(model)  # before prepare: FSDP shards them
@@ -164,7 +166,9 @@ def setup(config: TrainConfig) -> Run:
     state.model_signature, state.training = signature, training
 
     if config.overwrite_output_dir and resume is None:
-        remove_earlier_run(output_dir)  # rank 0, once every flag, file and model has loaded: a refusal keeps it
+        remove_earlier_run(
+            output_dir
+        )  # rank 0, once every flag, file and model has loaded: a refusal keeps it
     resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan), "backbone": backbone}
     state.tracker_run_id = start_trackers(
         accelerator, config.project_name, resolved, output_dir, state.tracker_run_id
@@ -216,11 +220,12 @@ def resolve_metric_for_best_model(config: TrainConfig, task, splits: dict) -> No
         )
 
 
-def build_model(config: TrainConfig, task, accelerator, loading: dict):
+def build_model(config: TrainConfig, task, accelerator, loading: dict, bf16_native: bool):
     """The model and tokenizer, fitted to each other, with this machine's speed paths and the memory
     and LoRA settings; each resolved choice is written back to `config` for train_config.json.
     Returns (model, tokenizer, the `backbone` record of train_config.json)."""
     model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length, loading)
+    refuse_checkpoint_dtype(model, config, accelerator.device.type, bf16_native)
     backbone = backbone_summary(model, fit_tokenizer_to_model(model, tokenizer))
     config.attn_implementation = model.config._attn_implementation  # transformers' choice, for the record
     backbone.update(prepare_decoder(model))  # decoders: positions that ignore left padding, no cache

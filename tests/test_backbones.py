@@ -21,7 +21,7 @@ from transformers.utils import is_flash_attn_2_available
 
 from finetune.config import TrainConfig
 from finetune.kernels import MODEL_TYPES as PACKED_DROPOUT_TYPES
-from finetune.loading import loading_options
+from finetune.loading import loading_options, refuse_checkpoint_dtype
 from finetune.mnli import cli, main
 from finetune.modeling import non_embedding_parameters
 from finetune.padding_free import MODEL_TYPES as PADDING_FREE_TYPES
@@ -162,6 +162,45 @@ def test_float16_weights_are_for_inference_only():
         TrainConfig(torch_dtype="float16")
     inference = TrainConfig(torch_dtype="float16", do_train=False, validation_file="v.jsonl")
     assert inference.torch_dtype == "float16"
+
+
+@pytest.fixture(scope="module")
+def half_precision_bert(tmp_path_factory):
+    """dtype -> a tiny BERT folder saved in that dtype (its config.json says so)."""
+    folders = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        folder = tmp_path_factory.mktemp(str(dtype)[6:])
+        build_tiny("bert", folder)
+        AutoModelForSequenceClassification.from_pretrained(folder).to(dtype).save_pretrained(folder)
+        folders[dtype] = folder
+    return folders
+
+
+def test_auto_dtype_follows_the_rules_of_an_explicit_one(half_precision_bert):
+    """--torch_dtype auto takes the checkpoint's dtype, and refuses what the explicit dtype would."""
+    config = TrainConfig(torch_dtype="auto", model_name_or_path="m")
+    bf16 = AutoModelForSequenceClassification.from_pretrained(
+        half_precision_bert[torch.bfloat16], dtype="auto"
+    )
+    with pytest.raises(ValueError, match="^--torch_dtype auto: m holds bfloat16 weights and this CPU has no"):
+        refuse_checkpoint_dtype(bf16, config, "cpu", bf16_native=False)
+    refuse_checkpoint_dtype(bf16, config, "cpu", bf16_native=True)
+    refuse_checkpoint_dtype(bf16.float(), config, "cpu", bf16_native=False)
+
+
+def test_auto_dtype_refuses_to_train_float16_weights(half_precision_bert, small_nli, tmp_path, capsys):
+    folder = half_precision_bert[torch.float16]
+    argv = tiny_args(folder, small_nli, tmp_path / "out", "--torch_dtype", "auto")
+    assert error_line(argv, capsys) == (
+        f"error: --torch_dtype auto: {folder} holds float16 weights, which train unstably; use --torch_dtype "
+        "float32 (with --mixed_precision fp16) or bfloat16"
+    )
+    reset_accelerate()
+    # Evaluation only: fp16 weights are fine.
+    evaluated = main(
+        tiny_args(folder, small_nli, tmp_path / "eval", "--torch_dtype", "auto", "--do_train", "false")
+    )
+    assert 0 <= evaluated["eval_loss"] < 5
 
 
 def error_line(argv, capsys) -> str:
