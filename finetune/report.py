@@ -213,7 +213,7 @@ def _exported_model_line(config: TrainConfig, results: dict) -> list[str]:
 
 
 def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str]) -> None:
-    """Loss and learning rate per logged step; every evaluation metric per evaluation."""
+    """Loss and learning rate per logged step, with eval_loss; every evaluation metric per evaluation."""
     plt = _pyplot()
 
     records = [json.loads(line) for line in metrics_jsonl.read_text().splitlines() if line.strip()]
@@ -221,8 +221,12 @@ def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str])
     evals = [r for r in records if any(k in r for k in metric_keys)]
     width, height = CURVES_SIZE_PX
     figure, (loss_axis, lr_axis, eval_axis) = plt.subplots(1, 3, figsize=(width / 100, height / 100), dpi=100)
-    loss_axis.plot([r["step"] for r in steps], [r["loss"] for r in steps], marker=".")
-    loss_axis.set(title="training loss", xlabel="optimizer step")
+    loss_axis.plot([r["step"] for r in steps], [r["loss"] for r in steps], marker=".", label="loss")
+    evaluated = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
+    if evaluated:  # on the training loss's scale: the gap between the two is what overfitting looks like
+        loss_axis.plot(*zip(*evaluated, strict=True), marker="o", label="eval_loss")
+        loss_axis.legend(fontsize="small")
+    loss_axis.set(title="loss", xlabel="optimizer step")
     lr_axis.plot([r["step"] for r in steps], [r["learning_rate"] for r in steps], color="tab:orange")
     lr_axis.set(title="learning rate", xlabel="optimizer step")
     lr_axis.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))

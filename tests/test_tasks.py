@@ -133,6 +133,24 @@ def test_model_card_and_training_curves(trained, tiny_model_dir):
         assert image.format == "PNG" and image.size == (1200, 400)
 
 
+def test_training_curves_put_eval_loss_beside_the_training_loss(trained, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from finetune.report import plot_training_curves
+
+    out, _ = trained
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)  # keeps the figure to read its lines
+    plot_training_curves(out / "metrics.jsonl", tmp_path / "curves.png", ["eval_matched_accuracy"])
+    loss_axis, _, eval_axis = drawn[0].axes
+    lines = {line.get_label(): line for line in loss_axis.get_lines()}
+    records = read_jsonl(out / "metrics.jsonl")
+    evaluated = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
+    assert sorted(lines) == ["eval_loss", "loss"] and evaluated
+    assert list(zip(*lines["eval_loss"].get_data(), strict=True)) == evaluated
+    assert [line.get_label() for line in eval_axis.get_lines()] == ["eval_matched_accuracy"]
+
+
 def without_labels(source, target):
     target.write_text(
         "".join(json.dumps({k: v for k, v in r.items() if k != "label"}) + "\n" for r in read_jsonl(source))
