@@ -105,8 +105,9 @@ class TrainConfig:
     label_column: str = _help("Label column of the files (class name, class id or a float).", default="label")
     # --- labels: the model's own head, multi-label data, class weights, a carved-out validation split
     ignore_mismatched_sizes: bool = _help(
-        "Replace a classification head trained for other labels than the task's with a new one (by "
-        "default that is refused; a head with the task's labels in another order is always kept).",
+        "Replace a head trained for something else than the task (other labels, or a regression score "
+        "where the task has labels, or the reverse) with a new one (by default that is refused; a head "
+        "with the task's labels in another order is always kept).",
         default=False,
     )
     label_separator: str = _help(

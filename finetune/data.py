@@ -16,7 +16,7 @@ from transformers import AutoConfig
 
 from finetune.config import ConfigError, TrainConfig
 from finetune.loading import loading_error
-from finetune.modeling import head_labels, settle_label_order
+from finetune.modeling import model_head, settle_label_order
 from finetune.tasks import GLUE_TASKS, Task, custom_task
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "row")
@@ -65,7 +65,7 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
     canonical = task.label_names  # the order the data's class ids (GLUE's 0, 1, 2) are written in
     task, _ = settle_label_order(
         task,
-        head_labels(config.model_name_or_path, config.hub_options),
+        model_head(config.model_name_or_path, config.hub_options),
         config.ignore_mismatched_sizes,
         config.do_train,
         config.model_name_or_path,

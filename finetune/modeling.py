@@ -86,55 +86,59 @@ def is_generic_head(names: tuple[str, ...]) -> bool:
     return tuple(names) == tuple(f"LABEL_{i}" for i in range(len(names)))
 
 
-def settle_label_order(
-    task: Task, head: tuple[str, ...] | None, ignore_mismatched_sizes: bool, training: bool, model: str
-) -> tuple[Task, bool]:
-    """The task in the label order of the model's trained classification head `head` (its id2label),
-    when its names are the task's (as sets, any case); and whether the head must be replaced.
+REGRESSION_HEAD = "regression"  # model_head's answer for a head trained to predict one score
 
-    A head with other labels is replaced only with --ignore_mismatched_sizes and only when training;
-    no head, a generic one (LABEL_i) or regression: the task's own order, as before."""
-    if task.is_regression or not head or is_generic_head(head):
+
+def settle_label_order(
+    task: Task, head: tuple[str, ...] | str | None, ignore_mismatched_sizes: bool, training: bool, model: str
+) -> tuple[Task, bool]:
+    """The task in the label order of the model's trained head `head` (model_head's answer) when its
+    names are the task's (as sets, any case); and whether the head must be replaced.
+
+    A trained head that predicts something else (other labels; a score where the task has labels, or
+    the reverse) is replaced only with --ignore_mismatched_sizes and only when training; a generic one
+    (LABEL_i, nobody trained it) whenever its size differs; no head: the task's own order."""
+    if head is None:
         return task, False
-    ours = {name.lower(): name for name in task.label_names}
-    if len(ours) == len(head) and set(ours) == {name.lower() for name in head}:
-        return replace(task, label_names=tuple(ours[name.lower()] for name in head)), False
-    theirs, wanted = "/".join(head), "/".join(task.label_names)
+    if head != REGRESSION_HEAD and is_generic_head(head):
+        return task, len(head) != (1 if task.is_regression else task.num_labels)
+    if task.is_regression and head == REGRESSION_HEAD:
+        return task, False
+    if not task.is_regression and head != REGRESSION_HEAD:
+        ours = {name.lower(): name for name in task.label_names}
+        if len(ours) == len(head) and set(ours) == {name.lower() for name in head}:
+            return replace(task, label_names=tuple(ours[name.lower()] for name in head)), False
+    theirs = "one regression score" if head == REGRESSION_HEAD else "/".join(head)
+    wanted = "one regression score" if task.is_regression else "/".join(task.label_names)
+    mismatch = f"--model_name_or_path {model}: its head predicts {theirs}, the task's labels are {wanted}"
+    if task.is_regression:
+        mismatch = f"--model_name_or_path {model}: its head predicts {theirs}, the task predicts {wanted}"
     if not training:
-        raise ConfigError(
-            f"--model_name_or_path {model}: its head predicts {theirs}, the task's labels are {wanted}; "
-            "evaluate a model trained for these labels"
-        )
+        raise ConfigError(f"{mismatch}; evaluate a model trained for this task")
     if not ignore_mismatched_sizes:
-        raise ConfigError(
-            f"--model_name_or_path {model}: its head predicts {theirs}, the task's labels are {wanted}; "
-            "pass --ignore_mismatched_sizes to replace the head with a new one"
-        )
+        raise ConfigError(f"{mismatch}; pass --ignore_mismatched_sizes to replace the head with a new one")
     return task, True
 
 
-def head_labels(model_name_or_path: str, hub: dict | None = None) -> tuple[str, ...] | None:
-    """The label names of the model's classification head, in id order (config.json's id2label); None
-    for no readable config or a regression head. Cheap: reads config.json only."""
+def model_head(model_name_or_path: str, hub: dict | None = None) -> tuple[str, ...] | str | None:
+    """What the model's head predicts, from its config.json: the label names in id order,
+    REGRESSION_HEAD, or None when there is no readable config. Cheap: reads config.json only."""
     try:
         model_config = AutoConfig.from_pretrained(model_name_or_path, **(hub or {}))
     except (OSError, ValueError):  # load_model_and_tokenizer names the problem
         return None
-    if model_config.problem_type == "regression" or not model_config.id2label:
+    if model_config.problem_type == "regression":
+        return REGRESSION_HEAD
+    if not model_config.id2label:
         return None
     return tuple(model_config.id2label[i] for i in range(model_config.num_labels))
 
 
 def _head_replaced(model_name_or_path: str, task: Task, hub: dict) -> bool:
-    """Whether the model's head predicts other labels than the task's, and so gets a new one: a
-    trained head only with --ignore_mismatched_sizes (settle_label_order checked that), a generic
-    one (LABEL_i, nobody trained it) whenever its size differs."""
-    head = head_labels(model_name_or_path, hub)
-    if task.is_regression or not head:
-        return False
-    if len(head) != task.num_labels:
-        return True
-    return not is_generic_head(head) and {n.lower() for n in head} != {n.lower() for n in task.label_names}
+    """Whether the model gets a new head; the task is settled (load_splits refused what it must), so
+    this only repeats that decision."""
+    head = model_head(model_name_or_path, hub)
+    return settle_label_order(task, head, True, True, model_name_or_path)[1]
 
 
 def _reset_head(model) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from finetune.mnli import cli, main
-from tests.helpers import reset_accelerate, tiny_args, weights
+from tests.helpers import read_jsonl, reset_accelerate, tiny_args, weights
 
 MNLI_ORDER = ("entailment", "neutral", "contradiction")
 ROBERTA_MNLI_ORDER = ("contradiction", "neutral", "entailment")  # roberta-large-mnli's head
@@ -75,7 +75,7 @@ def test_a_head_with_other_labels_needs_ignore_mismatched_sizes(trained, nli_fil
 
 
 def test_label_order_decision():
-    from finetune.modeling import settle_label_order
+    from finetune.modeling import REGRESSION_HEAD, settle_label_order
     from finetune.tasks import GLUE_TASKS
 
     mnli = GLUE_TASKS["mnli"]
@@ -84,6 +84,35 @@ def test_label_order_decision():
     task, replaced = settle_label_order(mnli, ("CONTRADICTION", "Neutral", "entailment"), False, False, "m")
     assert task.label_names == ROBERTA_MNLI_ORDER and not replaced
     assert settle_label_order(mnli, ("a", "b", "c"), True, True, "m") == (mnli, True)
+    assert settle_label_order(mnli, ("LABEL_0",), False, False, "m") == (mnli, True)  # generic, other size
+    with pytest.raises(ValueError, match="its head predicts one regression score, the task's labels are"):
+        settle_label_order(mnli, REGRESSION_HEAD, False, True, "m")
+
+
+def test_a_classifier_and_a_regression_model_swap_heads_only_when_asked(trained, nli_files, tmp_path, capsys):
+    """An MNLI model fine-tuned on scores (STS-B after MNLI), and the regression model back on labels."""
+    scores = tmp_path / "scores.jsonl"
+    rows = read_jsonl(nli_files["train"])
+    scores.write_text("".join(json.dumps({**r, "label": r["label"] * 2.5}) + "\n" for r in rows))
+    flags = ["--task_name", "custom", "--text_columns", "premise,hypothesis", "--max_train_steps", "2"]
+    files = {"train": scores, "validation": scores}
+    assert cli(tiny_args(trained[0], files, tmp_path / "refused", *flags)) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: --model_name_or_path {trained[0]}: its head predicts entailment/neutral/contradiction, "
+        "the task predicts one regression score; pass --ignore_mismatched_sizes to replace the head with a "
+        "new one"
+    )
+    regression = tmp_path / "regression"
+    results = main(tiny_args(trained[0], files, regression, *flags, "--ignore_mismatched_sizes"))
+    assert "eval_pearson" in results
+    saved = json.loads((regression / "config.json").read_text())
+    assert saved["problem_type"] == "regression" and len(saved["id2label"]) == 1
+    reset_accelerate()
+    back = ["--max_train_steps", "2"]
+    assert cli(tiny_args(regression, nli_files, tmp_path / "refused-back", *back)) == 2
+    assert "its head predicts one regression score, the task's labels are" in capsys.readouterr().err
+    results = main(tiny_args(regression, nli_files, tmp_path / "back", *back, "--ignore_mismatched_sizes"))
+    assert "eval_matched_accuracy" in results
 
 
 def _unbalanced_rows(rng, n):
