@@ -112,7 +112,8 @@ class TrainConfig:
     )
     label_separator: str = _help(
         "Separator of several labels in one CSV/TSV label cell (sports|politics): such cells, or JSON "
-        "lists in JSONL, make a custom task multi-label (sigmoid per label, BCE loss).",
+        "lists in JSONL, make a custom task multi-label (sigmoid per label, BCE loss). 'none': a cell is "
+        "one label, whatever it holds.",
         default="|",
     )
     multi_label_threshold: float = _help(
@@ -443,7 +444,7 @@ class TrainConfig:
         if not 0.0 < self.multi_label_threshold < 1.0:
             raise ConfigError(f"--multi_label_threshold must be in (0, 1), got {self.multi_label_threshold}")
         if not self.label_separator:
-            raise ConfigError("--label_separator must not be empty; the default is |")
+            raise ConfigError("--label_separator must not be empty; the default is |, 'none' splits nothing")
         if self.class_weights not in (None, "balanced"):
             try:
                 weights = self.listed_class_weights
@@ -463,6 +464,11 @@ class TrainConfig:
                     "--validation_split_percentage carves the validation split out of --train_file: give "
                     "--train_file and no --validation_file"
                 )
+
+    @property
+    def cell_label_separator(self) -> str | None:
+        """--label_separator as the text that splits a label cell; None: cells are whole labels."""
+        return None if self.label_separator == "none" else self.label_separator
 
     @property
     def listed_class_weights(self) -> tuple[float, ...] | None:

@@ -74,7 +74,7 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
         if name == "test":
             continue
         if task.multi_label:
-            splits[name] = _multi_hot(split, sources[name], task, config.label_separator)
+            splits[name] = _multi_hot(split, sources[name], task, config.cell_label_separator)
         else:
             splits[name] = _normalize_labels(split, sources[name], task, canonical)
     if config.carves_validation:
@@ -104,7 +104,8 @@ def _is_multi_label(splits: dict[str, Dataset], config: TrainConfig) -> bool:
     if isinstance(feature, Value) and feature.dtype not in ("string", "large_string"):  # CSV: large_string
         return False
     values = train.unique("label") if isinstance(feature, Value) else train["label"]
-    return any(isinstance(v, list) or (isinstance(v, str) and config.label_separator in v) for v in values)
+    separator = config.cell_label_separator
+    return any(isinstance(v, list) or (isinstance(v, str) and separator and separator in v) for v in values)
 
 
 def _model_problem_type(config: TrainConfig) -> str | None:
@@ -117,20 +118,21 @@ def _model_problem_type(config: TrainConfig) -> str | None:
         ) from None
 
 
-def _label_list(value, separator: str) -> list[str]:
+def _label_list(value, separator: str | None) -> list[str]:
     """One multi-label cell as label names: a JSON list, `a|b` text, one label, or nothing."""
     if value is None:
         return []
     if isinstance(value, list):
         return [str(v).strip() for v in value if v is not None and str(v).strip()]
-    return [part.strip() for part in str(value).split(separator) if part.strip()]
+    parts = [str(value)] if separator is None else str(value).split(separator)
+    return [part.strip() for part in parts if part.strip()]
 
 
 def _multi_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tuple[str, ...]:
     """Sorted distinct labels of the training rows' lists; without training, the model's names."""
     if "train" not in splits:
         return _custom_label_names(splits, config)
-    separator = config.label_separator
+    separator = config.cell_label_separator
     names = {name for value in splits["train"]["label"] for name in _label_list(value, separator)}
     if not names:
         raise ConfigError(
@@ -145,7 +147,7 @@ def _multi_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tuple
     return tuple(sorted(spelled.values()))
 
 
-def _multi_hot(dataset: Dataset, source: str, task: Task, separator: str) -> Dataset:
+def _multi_hot(dataset: Dataset, source: str, task: Task, separator: str | None) -> Dataset:
     """Each row's label list as a float 0/1 vector in the task's label order (names in any case)."""
     to_id = {name.lower(): i for i, name in enumerate(task.label_names)}
     values = dataset["label"]

@@ -44,6 +44,14 @@ class Task:
         metrics = self.metrics + (self.per_class_metrics if per_class else ())
         return [eval_key(split, metric) for split in self.validation_splits for metric in metrics]
 
+    def summary(self) -> str:
+        """One line of the run's log: what the task is and what it predicts."""
+        if self.is_regression:
+            return f"task: {self.name}, regression (one score per row)"
+        names = ", ".join(self.label_names[:8]) + (", ..." if self.num_labels > 8 else "")
+        kind = "multi-label" if self.multi_label else "single-label"
+        return f"task: {self.name}, {kind}, {self.num_labels} labels: {names}"
+
     def with_columns(self, text_columns: tuple[str, ...] | None) -> Task:
         return self if text_columns is None else replace(self, text_columns=text_columns)
 

@@ -6,6 +6,7 @@ import csv
 import itertools
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -152,6 +153,13 @@ def test_separated_labels_in_a_csv_make_the_task_multi_label(tmp_path):
     assert task.multi_label and task.label_names == ("politics", "sports", "tech")
     assert splits["train"]["label"] == [[1, 1, 0], [0, 0, 1], [1, 0, 1]]
     assert splits["validation"]["label"] == [[0, 1, 1]]
+    assert task.summary() == "task: custom, multi-label, 3 labels: politics, sports, tech"
+    # A class name that holds the separator: --label_separator none keeps each cell one label.
+    validation.write_text("text,tags\nrow a,sports|politics\n")
+    task, splits = load_splits(replace(config, label_separator="none"))
+    assert not task.multi_label and task.label_names == ("politics|tech", "sports|politics", "tech")
+    assert splits["train"]["label"] == [1, 2, 0]
+    assert task.summary() == "task: custom, single-label, 3 labels: politics|tech, sports|politics, tech"
 
 
 def test_multi_label_loss_is_bce_per_label():
