@@ -180,6 +180,15 @@ class TrainConfig:
     warmup_ratio: float = _help(
         "Fraction of optimizer steps spent warming up the learning rate.", default=0.1
     )
+    warmup_steps: int = _help(
+        "Optimizer steps of learning-rate warmup; above 0 it overrides --warmup_ratio (HF Trainer's rule).",
+        default=0,
+    )
+    label_smoothing_factor: float = _help(
+        "Label smoothing of the cross-entropy (single-label classification): the target puts this much "
+        "probability evenly over all labels. eval_loss is smoothed the same way, as HF Trainer's.",
+        default=0.0,
+    )
     seed: int = _help("Seed for weights of new heads, dropout and data order.", default=42)
     mixed_precision: MixedPrecision = _help(
         "auto (the accelerate config's bf16/fp16, else bf16 where the device multiplies it natively, "
@@ -304,6 +313,7 @@ class TrainConfig:
     project_name: str | None = _help(
         "Tracker project name (the W&B project); default finetune-<task_name>.", default=None
     )
+    run_name: str | None = _help("Name of the run in W&B; default: W&B's own.", default=None)
     dataloader_num_workers: int = _help("Worker processes feeding each training process.", default=0)
     do_train: bool = _help(
         "Train; with false, only evaluate (and/or predict with) --model_name_or_path.", default=True
@@ -362,6 +372,14 @@ class TrainConfig:
             raise ConfigError(f"--learning_rate must be > 0, got {self.learning_rate}")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ConfigError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.warmup_steps < 0:
+            raise ConfigError(
+                f"--warmup_steps must be >= 0 (0: --warmup_ratio decides), got {self.warmup_steps}"
+            )
+        if not 0.0 <= self.label_smoothing_factor < 1.0:
+            raise ConfigError(
+                f"--label_smoothing_factor must be in [0, 1), got {self.label_smoothing_factor}"
+            )
         if self.weight_decay < 0 or self.max_grad_norm < 0:
             raise ConfigError("--weight_decay and --max_grad_norm must be >= 0")
         if self.dataloader_num_workers < 0:

@@ -81,8 +81,15 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
         held_out = task.validation_splits[0]
         splits["train"], splits[held_out] = _carve_validation(splits["train"], config, task)
         sources[held_out] = f"{config.train_file} ({config.validation_split_percentage}% held out)"
+    if config.label_smoothing_factor and (task.is_regression or task.multi_label):
+        raise ConfigError(
+            "--label_smoothing_factor is for single-label classification; drop it for this task"
+        )
     task = replace(
-        task, class_weights=_class_weights(config, task, splits), threshold=config.multi_label_threshold
+        task,
+        class_weights=_class_weights(config, task, splits),
+        threshold=config.multi_label_threshold,
+        label_smoothing=config.label_smoothing_factor,
     )
     limits = {"train": config.max_train_samples, "test": None}
     for name, split in splits.items():

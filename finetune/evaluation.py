@@ -25,8 +25,9 @@ def load_metric(task: Task, accelerator):
 
 def loss_sum(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Tensor:
     """Summed over the batch, in fp32 whatever the autocast dtype: cross-entropy (each row weighted
-    by its class's --class_weights), squared error, or for multi-label rows binary cross-entropy
-    averaged over the labels (transformers' BCEWithLogitsLoss per row)."""
+    by its class's --class_weights, targets smoothed by --label_smoothing_factor), squared error, or
+    for multi-label rows binary cross-entropy averaged over the labels (transformers'
+    BCEWithLogitsLoss per row)."""
     if task.is_regression:
         return F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
     if task.multi_label:
@@ -36,7 +37,9 @@ def loss_sum(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Te
     # average 1 over the training rows, so the loss keeps its scale.
     weights = task.class_weights
     weight = None if weights is None else torch.tensor(weights, dtype=torch.float32, device=logits.device)
-    return F.cross_entropy(logits.float(), labels, weight=weight, reduction="sum")
+    return F.cross_entropy(
+        logits.float(), labels, weight=weight, reduction="sum", label_smoothing=task.label_smoothing
+    )
 
 
 class EvaluationAbandoned(Exception):

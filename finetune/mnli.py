@@ -155,6 +155,7 @@ def setup(config: TrainConfig) -> Run:
         config.num_train_epochs,
         config.max_train_steps if config.do_train else None,
         config.warmup_ratio,
+        config.warmup_steps,
     )
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, plan.warmup_updates, plan.total_updates)
@@ -171,7 +172,7 @@ def setup(config: TrainConfig) -> Run:
         )  # rank 0, once every flag, file and model has loaded: a refusal keeps it
     resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan), "backbone": backbone}
     state.tracker_run_id = start_trackers(
-        accelerator, config.project_name, resolved, output_dir, state.tracker_run_id
+        accelerator, config.project_name, resolved, output_dir, state.tracker_run_id, config.run_name
     )
     log = None
     if accelerator.is_main_process:

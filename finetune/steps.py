@@ -30,7 +30,9 @@ def plan_steps(
     num_train_epochs: int,
     max_train_steps: int | None = None,
     warmup_ratio: float = 0.0,
+    warmup_steps: int = 0,
 ) -> StepPlan:
+    """`warmup_steps` above 0 overrides `warmup_ratio`, as in HF Trainer."""
     # Accelerate shards whole batches round-robin and, with even_batches, gives every process
     # ceil(batches / world_size) of them; ceil(ceil(n/b)/w) == ceil(n/(b*w)).
     micro = math.ceil(num_train_samples / (per_device_batch_size * world_size))
@@ -46,7 +48,7 @@ def plan_steps(
         micro_batches_per_epoch=micro,
         updates_per_epoch=updates_per_epoch,
         total_updates=total,
-        warmup_updates=math.ceil(warmup_ratio * total),
+        warmup_updates=warmup_steps if warmup_steps > 0 else math.ceil(warmup_ratio * total),
         num_epochs=epochs,
         global_batch_size=per_device_batch_size * gradient_accumulation_steps * world_size,
     )

@@ -22,6 +22,8 @@ class Task:
     """Per-class weights of the training cross-entropy (--class_weights), in label order."""
     threshold: float = 0.5
     """Multi-label: the sigmoid probability at which a label counts as predicted."""
+    label_smoothing: float = 0.0
+    """Single-label: probability of the cross-entropy's target spread evenly over the labels."""
 
     @property
     def is_regression(self) -> bool:

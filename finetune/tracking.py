@@ -73,7 +73,12 @@ def _answers(url: str, timeout_s: float) -> bool:
 
 
 def start_trackers(
-    accelerator, project_name: str, resolved: dict, output_dir, run_id: str | None
+    accelerator,
+    project_name: str,
+    resolved: dict,
+    output_dir,
+    run_id: str | None,
+    run_name: str | None = None,
 ) -> str | None:
     """Starts the trackers (accelerate does so on the main process only); returns the W&B run id.
 
@@ -82,6 +87,7 @@ def start_trackers(
     # Trackers take flat scalars (TensorBoard's hparams reject None and nested values).
     flat = {**resolved, **resolved.get("plan", {})}
     wandb_kwargs = {"dir": str(output_dir)} | ({"id": run_id, "resume": "allow"} if run_id else {})
+    wandb_kwargs |= {"name": run_name} if run_name else {}
     scalars = {k: v for k, v in flat.items() if isinstance(v, (int, float, str, bool))}
     try:
         accelerator.init_trackers(project_name, config=scalars, init_kwargs={"wandb": wandb_kwargs})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -183,6 +184,29 @@ def test_balanced_class_weights_weight_the_training_loss(tiny_model_dir, tmp_pat
         for i, t in enumerate(targets.tolist())
     )
     torch.testing.assert_close(loss_sum(logits, targets, task), expected)
+
+
+def test_label_smoothing_is_hf_trainers_and_single_label_only(tiny_model_dir, tmp_path):
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    from finetune.config import ConfigError, TrainConfig
+    from finetune.data import load_splits
+    from finetune.evaluation import loss_sum
+
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(random.Random(2), 50)))
+    config = TrainConfig(task_name="custom", text_columns="text", label_column="topic", train_file=str(train),
+                         validation_split_percentage=10, label_smoothing_factor=0.1,
+                         model_name_or_path=str(tiny_model_dir))  # fmt: skip
+    task, _ = load_splits(config)
+    logits, targets = torch.randn(5, 3), torch.tensor([0, 1, 2, 1, 1])
+    smoothed = LabelSmoother(epsilon=0.1)({"logits": logits}, targets)  # the batch's mean
+    torch.testing.assert_close(loss_sum(logits, targets, task) / 5, smoothed)
+    scores = tmp_path / "scores.jsonl"
+    scores.write_text("".join(json.dumps({"text": f"row {i}", "score": i / 7}) + "\n" for i in range(20)))
+    regression = dataclasses.replace(config, train_file=str(scores), label_column="score")
+    with pytest.raises(ConfigError, match="^--label_smoothing_factor is for single-label classification"):
+        load_splits(regression)
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,8 @@ def test_max_train_steps_overrides_epochs_and_sizes_warmup():
     assert plan.num_epochs == 3  # 8 updates per epoch: the third epoch stops after 4
     assert plan.warmup_updates == 2
     assert plan_steps(1000, 32, 1, 1, 1, warmup_ratio=0.06).warmup_updates == 2  # ceil(0.06 * 32)
+    # HF Trainer's rule: warmup_steps above 0 wins over the ratio.
+    assert plan_steps(1000, 32, 1, 1, 1, warmup_ratio=0.06, warmup_steps=5).warmup_updates == 5
 
 
 @pytest.mark.parametrize(("samples", "batch", "accum"), [(103, 8, 3), (96, 8, 4), (20, 8, 5)])

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from finetune.mnli import main
-from tests.helpers import tiny_args
+from tests.helpers import reset_accelerate, tiny_args
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the format of a real one: 40 characters
 FAKE_HF_TOKEN = "hf_NotARealTokenButShapedLikeOne0123456789"
@@ -68,3 +68,18 @@ def test_wandb_falls_back_to_offline_with_one_line(
             data = path.read_bytes()
             assert key in (None, "abc") or key.encode() not in data, path
             assert FAKE_HF_TOKEN.encode() not in data, path
+
+
+def test_run_name_names_the_wandb_run(wandb_env, tmp_path):
+    from accelerate import Accelerator
+
+    from finetune.tracking import start_trackers
+
+    wandb_env.setenv("WANDB_MODE", "offline")
+    accelerator = Accelerator(cpu=True, log_with="wandb")
+    try:
+        start_trackers(accelerator, "finetune-test", {"seed": 1}, tmp_path, None, run_name="tiny-bert-nli")
+        assert accelerator.get_tracker("wandb", unwrap=True).name == "tiny-bert-nli"
+    finally:
+        accelerator.end_training()
+        reset_accelerate()

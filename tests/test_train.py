@@ -110,6 +110,15 @@ def test_partial_accumulation_window_is_scaled_by_its_real_size(tiny_model_dir, 
     )
 
 
+def test_warmup_steps_ramp_the_learning_rate_then_the_schedule_decays_it(tiny_model_dir, nli_files, tmp_path):
+    out = tmp_path / "out"
+    flags = ["--max_train_steps", "6", "--logging_steps", "1", "--warmup_steps", "3", "--warmup_ratio", "0.5"]
+    main(tiny_args(tiny_model_dir, nli_files, out, *flags))
+    rates = [r["learning_rate"] for r in read_jsonl(out / "metrics.jsonl") if "learning_rate" in r]
+    peak = 3e-3  # tiny_args' --learning_rate; linear warmup over 3 steps, then linear decay to 0
+    assert rates == pytest.approx([peak / 3, 2 * peak / 3, peak, 2 * peak / 3, peak / 3, 0.0])
+
+
 def test_resume_mid_epoch_ends_bitwise_equal(tiny_model_dir, nli_files, tmp_path):
     """Stop-and-resume from a mid-epoch checkpoint ends with the same weights as an unbroken run."""
     full = tmp_path / "full"
