@@ -562,6 +562,40 @@ def greater_is_better_default(metric: str) -> bool:
     return not metric.endswith("loss")
 
 
+# HF Trainer's, run_glue.py's and TRL's names for what has another name (or no flag) here.
+OTHER_NAMES = {
+    "max_steps": "use --max_train_steps N",
+    "bf16": "use --mixed_precision bf16",
+    "fp16": "use --mixed_precision fp16",
+    "max_seq_length": "use --max_length N",
+    "save_steps": "use --checkpointing_steps N",
+    "save_strategy": "use --checkpointing_steps N|epoch (the model is always saved at the end)",
+    "evaluation_strategy": "use --eval_strategy",
+    "do_eval": "evaluation runs whenever there is validation data; --eval_strategy no turns it off",
+    "logging_strategy": "use --logging_steps N",
+    "per_gpu_train_batch_size": "use --per_device_train_batch_size",
+    "per_gpu_eval_batch_size": "use --per_device_eval_batch_size",
+    "data_seed": "--seed also orders the data",
+    "optim": "the optimizer is always fused AdamW",
+    "dataset_config": "use --dataset_config_name",
+    "num_epochs": "use --num_train_epochs",
+    "hub_token": "set the HF_TOKEN environment variable",
+}
+
+
+def _unknown(arguments: list[str], where: str | None = None) -> ConfigError:
+    """One line for flags (or, with `where`, YAML keys) this parser lacks; another toolkit's name
+    gets what to use instead."""
+    for argument in arguments:
+        name = argument.lstrip("-").split("=", 1)[0].replace("-", "_")
+        if (where or argument.startswith("--")) and name in OTHER_NAMES:
+            named = f"{where}: {name}" if where else f"--{name}"
+            return ConfigError(f"{named} is HF Trainer's or TRL's name, not one here; {OTHER_NAMES[name]}")
+    if where:
+        return ConfigError(f"{where}: unknown key(s) {', '.join(arguments)}; keys are the flag names")
+    return ConfigError(f"unknown argument(s) {' '.join(arguments)}; see --help for the flags")
+
+
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Flags, optionally on top of `--config FILE.yaml`; unknown flags or keys are an error."""
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -574,7 +608,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         parser.set_defaults(**from_file)
     namespace, unknown = parser.parse_known_args(argv)
     if unknown:
-        raise ConfigError(f"unknown argument(s) {' '.join(unknown)}; see --help for the flags")
+        raise _unknown(unknown)
     values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(TrainConfig)}
     try:
         return TrainConfig(**values)
@@ -599,7 +633,7 @@ def _read_yaml(path: str) -> dict:
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     unknown = sorted(set(values) - names)
     if unknown:
-        raise ConfigError(f"--config {path}: unknown key(s) {', '.join(unknown)}; keys are the flag names")
+        raise _unknown(unknown, f"--config {path}")
     values.pop("config", None)
     # As strings, YAML values go through the same argparse type conversion as flags do,
     # so `learning_rate: 2e-5` (a string to YAML 1.1) and `--learning_rate 2e-5` agree.

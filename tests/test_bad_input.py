@@ -98,6 +98,14 @@ CSV = "premise,hypothesis,label\nA man sleeps.,Nobody sleeps.,2\n"
 
 CASES = {
     "unknown flag": (lambda a, t: [*a, "--learning_rte", "1e-4"], "unknown argument(s) --learning_rte 1e-4"),
+    "HF Trainer's flag name": (
+        lambda a, t: [*a, "--max_steps=5"],
+        "--max_steps is HF Trainer's or TRL's name, not one here; use --max_train_steps N",
+    ),
+    "HF Trainer's name in yaml": (
+        lambda a, t: [*a, "--config", write(t / "c.yaml", "bf16: true\n")],
+        "c.yaml: bf16 is HF Trainer's or TRL's name, not one here; use --mixed_precision bf16",
+    ),
     "unknown yaml key": (
         lambda a, t: [*a, "--config", write(t / "c.yaml", "learning_rte: 1e-4\n")],
         "c.yaml: unknown key(s) learning_rte",

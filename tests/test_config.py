@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from finetune.config import ConfigError, TrainConfig, parse_config
+from finetune.config import OTHER_NAMES, ConfigError, TrainConfig, parse_config
 from tests.helpers import REPO
 
 RECIPES = REPO / "recipes"
@@ -75,6 +75,11 @@ def test_defaults_are_the_real_mnli_recipe():
 def test_unknown_flag_is_an_error(flag):
     with pytest.raises(ConfigError, match=f"unknown argument.*{flag}"):
         parse_config([flag, "1e-4"])
+
+
+def test_other_toolkits_names_are_not_flags_here():
+    """A name listed for HF Trainer's users must not shadow (or hide) a real flag."""
+    assert not set(OTHER_NAMES) & {f.name for f in dataclasses.fields(TrainConfig)}
 
 
 def test_unknown_yaml_key_names_the_key(tmp_path):
