@@ -86,6 +86,8 @@ TRAINING_KEYS = {
     "learning_rate": "--learning_rate",
     "lr_scheduler_type": "--lr_scheduler_type",
     "warmup_updates": "warmup steps",
+    "weight_decay": "--weight_decay",
+    "max_grad_norm": "--max_grad_norm",
     "label_smoothing_factor": "--label_smoothing_factor",
     "seed": "--seed",
     "max_length": "--max_length",
@@ -107,6 +109,8 @@ def training_config(config, task, plan, world_size: int) -> dict:
         "learning_rate": config.learning_rate,
         "lr_scheduler_type": config.lr_scheduler_type,
         "warmup_updates": plan.warmup_updates,
+        "weight_decay": config.weight_decay,  # else the optimizer state's own would silently win
+        "max_grad_norm": config.max_grad_norm,
         "label_smoothing_factor": config.label_smoothing_factor,
         "seed": config.seed,
         "max_length": config.max_length,

@@ -175,6 +175,10 @@ def test_auto_refuses_a_checkpoint_of_another_learning_rate(
         "0.003; this run has --learning_rate 0.001; resume with that run's settings, or start a new run "
         "(--overwrite_output_dir or another --output_dir)"
     )
+    # Settings the optimizer state or the schedule would otherwise silently override.
+    changed = with_flag(with_flag(args, "--weight_decay", "0.5"), "--warmup_steps", "5")
+    last = fails_cleanly(changed, out, "", capsys, exit_code=2)
+    assert "this run has warmup steps 5, --weight_decay 0.5;" in last
 
 
 def test_an_mnli_run_does_not_resume_a_custom_tasks_checkpoint(tiny_model_dir, nli_files, tmp_path, capsys):
