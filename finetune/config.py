@@ -22,7 +22,8 @@ from transformers import HfArgumentParser
 
 from finetune.tasks import GLUE_TASKS, TASK_CHOICES
 
-DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv")
+DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+GLUE_DATASET = "nyu-mll/glue"
 # Choice flags are Literal types: `--help` lists them and the parser refuses anything else.
 TaskName = Literal[TASK_CHOICES]
 ReportTo = Literal["wandb", "tensorboard", "all", "none"]
@@ -86,11 +87,23 @@ class TrainConfig:
         "Hub model id or local folder with config, weights and tokenizer.", default="bert-base-cased"
     )
     dataset_name: str | None = _help(
-        "Hub dataset id; ignored when local files are given.", default="nyu-mll/glue"
+        "Hub dataset id, or a local folder of data files (custom tasks); ignored when local files are given.",
+        default=GLUE_DATASET,
     )
-    dataset_config_name: str | None = _help("Hub dataset subset; default: the task name.", default=None)
+    dataset_config_name: str | None = _help(
+        "Hub dataset subset; default: the task name (GLUE), none (custom).", default=None
+    )
+    train_split_name: str = _help("Custom task with --dataset_name: its training split.", default="train")
+    validation_split_name: str = _help(
+        "Custom task with --dataset_name: its validation split (or --validation_split_percentage).",
+        default="validation",
+    )
+    test_split_name: str = _help(
+        "Custom task with --dataset_name: the split --do_predict reads.", default="test"
+    )
     train_file: str | None = _help(
-        "Local training file (.jsonl/.json/.csv/.tsv: text column(s) and a label column).", default=None
+        "Local training file (.jsonl/.json/.csv/.tsv/.parquet: text column(s) and a label column).",
+        default=None,
     )
     validation_file: str | None = _help("Local validation (MNLI: matched) file, same columns.", default=None)
     validation_mismatched_file: str | None = _help(
@@ -393,7 +406,8 @@ class TrainConfig:
             raise ConfigError(f"--ddp_bucket_cap_mb must be a positive integer, got {self.ddp_bucket_cap_mb}")
         self.output_dir = self.output_dir or f"outputs/{self.task_name}"
         self.project_name = self.project_name or f"finetune-{self.task_name}"
-        self.dataset_config_name = self.dataset_config_name or self.task_name
+        if self.task_name != "custom":
+            self.dataset_config_name = self.dataset_config_name or self.task_name
         if self.metric_for_best_model is not None and not self.metric_for_best_model.startswith("eval_"):
             raise ConfigError(
                 f"--metric_for_best_model must name an evaluation metric such as eval_accuracy, "
@@ -455,8 +469,11 @@ class TrainConfig:
                 )
         elif not self.dataset_name:
             raise ConfigError("give local files (--train_file/--validation_file), or a Hub --dataset_name")
-        elif self.task_name == "custom":
-            raise ConfigError("--task_name custom reads local files: give --train_file and --validation_file")
+        elif self.task_name == "custom" and self.dataset_name == GLUE_DATASET:
+            raise ConfigError(
+                "--task_name custom: give local files (--train_file, --validation_file) or --dataset_name (a "
+                "Hub dataset id or a local folder of data files)"
+            )
 
     def _check_label_flags(self) -> None:
         if not 0.0 < self.multi_label_threshold < 1.0:
@@ -477,10 +494,10 @@ class TrainConfig:
         if p is not None:
             if not 0 < p < 100:
                 raise ConfigError(f"--validation_split_percentage must be in 1..99, got {p}")
-            if not self.train_file or self.validation_file:
+            if self.validation_file or (self.uses_local_files and not self.train_file):
                 raise ConfigError(
-                    "--validation_split_percentage carves the validation split out of --train_file: give "
-                    "--train_file and no --validation_file"
+                    "--validation_split_percentage carves the validation split out of the training rows: "
+                    "give --train_file (or --dataset_name) and no --validation_file"
                 )
 
     @property
@@ -494,6 +511,13 @@ class TrainConfig:
         if self.class_weights in (None, "balanced"):
             return None
         return tuple(float(w) for w in self.class_weights.split(","))
+
+    @property
+    def train_source(self) -> str:
+        """The training rows, as a message names them."""
+        if self.train_file:
+            return f"--train_file {self.train_file}"
+        return f"--dataset_name {self.dataset_name} (split {self.train_split_name})"
 
     @property
     def carves_validation(self) -> bool:

@@ -1,22 +1,20 @@
-"""Task data: local files or the Hub, labels as class ids, cached tokenization, dataloaders."""
+"""Task data: the task and its splits (read by sources.py), labels as class ids, cached tokenization,
+dataloaders."""
 
 from __future__ import annotations
 
-import csv
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import torch
-from datasets import Dataset, List, Value, load_dataset
-from datasets.exceptions import DatasetGenerationError
-from pyarrow import ArrowException
+from datasets import Dataset, List, Value
 from torch.utils.data import DataLoader, Sampler
 from transformers import AutoConfig
 
 from finetune.config import ConfigError, TrainConfig
 from finetune.loading import loading_error
 from finetune.modeling import model_head, settle_label_order
+from finetune.sources import read_splits
 from finetune.tasks import GLUE_TASKS, Task, custom_task
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "row")
@@ -29,37 +27,19 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
     columns = config.text_column_names or task.text_columns
     wanted = {
         "train": config.do_train or config.carves_validation,
-        **dict.fromkeys(task.validation_splits if task else ("validation",), True),
+        # Carved from the training rows instead (--validation_split_percentage).
+        **dict.fromkeys(task.validation_splits if task else ("validation",), not config.carves_validation),
         "test": config.do_predict,
     }
-    if config.uses_local_files:
-        files = {
-            "train": config.train_file,
-            (task.validation_splits[0] if task else "validation"): config.validation_file,
-            "validation_mismatched": config.validation_mismatched_file,
-            "test": config.test_file,
-        }
-        sources = {name: path for name, path in files.items() if path and wanted.get(name)}
-        splits = {
-            name: _load_file(path, columns if name == "test" else (*columns, config.label_column))
-            for name, path in sources.items()
-        }
-        if config.label_column != "label":
-            splits = {n: _label_column_as_label(s, config.label_column) for n, s in splits.items()}
-    else:
-        hub = load_dataset(config.dataset_name, config.dataset_config_name)
-        sources = {
-            n: f"{config.dataset_name}/{config.dataset_config_name}:{n}"
-            for n, want in wanted.items()
-            if want and n in hub
-        }
-        splits = {n: hub[n] for n in sources}
-    if "test" in splits and "label" in splits["test"].column_names:
-        splits["test"] = splits["test"].remove_columns("label")  # GLUE hides test labels (-1); unused here
+    splits, sources, declared = read_splits(config, task, wanted)
     if task is None:
         multi_label = _is_multi_label(splits, config)
         names = _multi_label_names(splits, config) if multi_label else _custom_label_names(splits, config)
+        if declared and "train" in splits:  # the dataset's own names, in its own id order
+            names = declared
         task = custom_task(columns, names, multi_label)
+        if multi_label and "train" in splits and _is_text(splits["train"].features["label"]):
+            task = replace(task, split_on=config.cell_label_separator)  # said in the run's task line
     else:
         task = task.with_columns(config.text_column_names)
     canonical = task.label_names  # the order the data's class ids (GLUE's 0, 1, 2) are written in
@@ -80,7 +60,7 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
     if config.carves_validation:
         held_out = task.validation_splits[0]
         splits["train"], splits[held_out] = _carve_validation(splits["train"], config, task)
-        sources[held_out] = f"{config.train_file} ({config.validation_split_percentage}% held out)"
+        sources[held_out] = f"{sources['train']} ({config.validation_split_percentage}% held out)"
     if config.label_smoothing_factor and (task.is_regression or task.multi_label):
         raise ConfigError(
             "--label_smoothing_factor is for single-label classification; drop it for this task"
@@ -108,11 +88,15 @@ def _is_multi_label(splits: dict[str, Dataset], config: TrainConfig) -> bool:
     feature = train.features["label"]
     if isinstance(feature, List):
         return True
-    if isinstance(feature, Value) and feature.dtype not in ("string", "large_string"):  # CSV: large_string
+    if isinstance(feature, Value) and not _is_text(feature):
         return False
     values = train.unique("label") if isinstance(feature, Value) else train["label"]
     separator = config.cell_label_separator
     return any(isinstance(v, list) or (isinstance(v, str) and separator and separator in v) for v in values)
+
+
+def _is_text(feature) -> bool:
+    return isinstance(feature, Value) and feature.dtype in ("string", "large_string")  # CSV: large_string
 
 
 def _model_problem_type(config: TrainConfig) -> str | None:
@@ -143,7 +127,7 @@ def _multi_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tuple
     names = {name for value in splits["train"]["label"] for name in _label_list(value, separator)}
     if not names:
         raise ConfigError(
-            f"--train_file {config.train_file}: every row has an empty label list; a multi-label task "
+            f"{config.train_source}: every row has an empty label list; a multi-label task "
             "needs rows tagged with at least one label"
         )
     if all(name.lstrip("-").isdigit() for name in names):
@@ -189,7 +173,7 @@ def _carve_validation(train: Dataset, config: TrainConfig, task: Task) -> tuple[
     if not held or len(held) == len(train):
         raise ConfigError(
             f"--validation_split_percentage {config.validation_split_percentage} of the {len(train)} rows "
-            f"of {config.train_file} leaves no validation or no training rows; change it"
+            f"of {config.train_source} leaves no validation or no training rows; change it"
         )
     kept = np.ones(len(train), dtype=bool)
     kept[held] = False
@@ -223,78 +207,6 @@ def _class_weights(config: TrainConfig, task: Task, splits: dict[str, Dataset]) 
     return tuple(float(w) for w in counts.sum() / (len(names) * counts))
 
 
-def _load_file(path: str, columns: tuple[str, ...]) -> Dataset:
-    file = Path(path)
-    if not file.is_file():
-        raise ConfigError(f"data file {path} does not exist; check the path")
-    if file.stat().st_size == 0:
-        raise ConfigError(f"data file {path} is empty")
-    suffix = file.suffix.lower()
-    try:
-        if suffix in (".jsonl", ".json"):
-            dataset = load_dataset("json", data_files=str(file), split="train")
-        elif suffix == ".tsv":
-            # GLUE's own .tsv files hold unbalanced quotes, so quotes are text, not delimiters.
-            dataset = load_dataset(
-                "csv", data_files=str(file), split="train", delimiter="\t", quoting=csv.QUOTE_NONE
-            )
-        else:
-            dataset = load_dataset("csv", data_files=str(file), split="train")
-    except (DatasetGenerationError, ArrowException, UnicodeError, ValueError) as error:
-        raise ConfigError(f"data file {path}: {_unreadable(error, suffix)}") from None
-    if len(dataset) == 0:
-        raise ConfigError(f"data file {path}: holds no rows (only a header or blank lines)")
-    missing = [c for c in columns if c not in dataset.column_names]
-    if missing:
-        raise ConfigError(
-            f"data file {path} lacks column(s) {', '.join(missing)}; found {', '.join(dataset.column_names)} "
-            "(name yours with --text_columns and --label_column)"
-        )
-    return _mixed_columns_as_text(dataset, columns)
-
-
-def _mixed_columns_as_text(dataset: Dataset, columns: tuple[str, ...]) -> Dataset:
-    """A JSON column whose rows mix types (labels 0, 1 and "neutral") arrives as untyped JSON values,
-    which Arrow can't compare; as text they read as a CSV's would."""
-    mixed = [
-        c
-        for c in columns
-        if c in dataset.column_names
-        and not isinstance(dataset.features[c], (Value, List))
-        and not any(isinstance(v, list) for v in dataset[c])  # multi-label lists among single labels
-    ]
-    if not mixed:
-        return dataset
-    features = dataset.features.copy()
-    features.update({c: Value("string") for c in mixed})
-    return dataset.map(
-        lambda b: {c: [None if v is None else str(v) for v in b[c]] for c in mixed},
-        batched=True,
-        features=features,
-        desc="mixed columns",
-    )
-
-
-def _unreadable(error: Exception, suffix: str) -> str:
-    """What `datasets` could not read, with the row or line its parser named, and the fix."""
-    cause = error.__cause__ or error.__context__ or error
-    if isinstance(cause, UnicodeError) or isinstance(error, UnicodeError):
-        return "not UTF-8 text; save it as UTF-8"
-    detail = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
-    if "corresponds to no data" in detail:
-        return "holds no rows (only a header or blank lines)"
-    shape = "one JSON object per line" if suffix in (".jsonl", ".json") else "the same fields on every row"
-    return f"cannot be parsed ({detail[:200]}); fix it to hold {shape}"
-
-
-def _label_column_as_label(dataset: Dataset, label_column: str) -> Dataset:
-    if label_column not in dataset.column_names:  # a test file without labels
-        return dataset
-    if "label" in dataset.column_names:
-        dataset = dataset.remove_columns("label")
-    return dataset.rename_column(label_column, "label")
-
-
 def _custom_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tuple[str, ...] | None:
     """Sorted distinct training labels (numerically when they are integers); float labels: None
     (regression). Without training, the names the model was trained with (its config.json)."""
@@ -317,7 +229,7 @@ def _custom_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tupl
     values = [v for v in train.unique("label") if v is not None]
     if len({str(v).strip() for v in values}) < 2:
         raise ConfigError(
-            f"--train_file {config.train_file}: every row has the label {values[0] if values else None!r}; "
+            f"{config.train_source}: every row has the label {values[0] if values else None!r}; "
             "a classifier needs at least two classes in its training data"
         )
     if all(isinstance(v, int) for v in values):

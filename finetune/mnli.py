@@ -185,10 +185,7 @@ def setup(config: TrainConfig) -> Run:
             print(batch_notice)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
         print(describe_parameters(parameters))
-        split_on = config.cell_label_separator if task.multi_label and config.do_train else None
-        print(
-            task.summary() + (f" (label cells split on --label_separator {split_on!r})" if split_on else "")
-        )
+        print(task.summary())
     return Run(
         config=config,
         task=task,

@@ -24,6 +24,8 @@ class Task:
     """Multi-label: the sigmoid probability at which a label counts as predicted."""
     label_smoothing: float = 0.0
     """Single-label: probability of the cross-entropy's target spread evenly over the labels."""
+    split_on: str | None = None
+    """Multi-label read from text cells: the --label_separator that split them (None: lists)."""
 
     @property
     def is_regression(self) -> bool:
@@ -52,7 +54,8 @@ class Task:
             return f"task: {self.name}, regression (one score per row)"
         names = ", ".join(self.label_names[:8]) + (", ..." if self.num_labels > 8 else "")
         kind = "multi-label" if self.multi_label else "single-label"
-        return f"task: {self.name}, {kind}, {self.num_labels} labels: {names}"
+        split = f" (label cells split on --label_separator {self.split_on!r})" if self.split_on else ""
+        return f"task: {self.name}, {kind}, {self.num_labels} labels: {names}{split}"
 
     def with_columns(self, text_columns: tuple[str, ...] | None) -> Task:
         return self if text_columns is None else replace(self, text_columns=text_columns)

@@ -119,7 +119,7 @@ CASES = {
         "nope.jsonl does not exist",
     ),
     "unsupported extension": (
-        lambda a, t: with_flag(a, "--train_file", str(t / "d.parquet")),
+        lambda a, t: with_flag(a, "--train_file", str(t / "d.xlsx")),
         "unsupported extension",
     ),
     "empty data file": (lambda a, t: with_flag(a, "--train_file", write(t / "e.csv", "")), "e.csv is empty"),

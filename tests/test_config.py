@@ -110,7 +110,7 @@ def test_unparsable_yaml_names_the_file(tmp_path):
         ("dropout_kernel", "fast", "--dropout_kernel"),
         ("padding_free", "yes", "--padding_free"),
         ("peak_tflops", 0.0, "--peak_tflops"),
-        ("train_file", "data.parquet", "--train_file"),
+        ("train_file", "data.xlsx", "--train_file"),
     ],
 )
 def test_bad_values_name_the_flag(field, value, flag):

@@ -153,7 +153,10 @@ def test_separated_labels_in_a_csv_make_the_task_multi_label(tmp_path):
     assert task.multi_label and task.label_names == ("politics", "sports", "tech")
     assert splits["train"]["label"] == [[1, 1, 0], [0, 0, 1], [1, 0, 1]]
     assert splits["validation"]["label"] == [[0, 1, 1]]
-    assert task.summary() == "task: custom, multi-label, 3 labels: politics, sports, tech"
+    assert task.summary() == (
+        "task: custom, multi-label, 3 labels: politics, sports, tech "
+        "(label cells split on --label_separator '|')"
+    )
     # A class name that holds the separator: --label_separator none keeps each cell one label.
     validation.write_text("text,tags\nrow a,sports|politics\n")
     task, splits = load_splits(replace(config, label_separator="none"))
