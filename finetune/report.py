@@ -57,12 +57,14 @@ def write_model_card(
     if not is_local_base:
         metadata.append(f"base_model: {config.model_name_or_path}")
     metadata.append(f"tags: [finetune, {task.name if task.name == 'custom' else 'glue-' + task.name}]")
-    if not config.uses_local_files:
+    from_hub = not config.uses_local_files and not Path(config.dataset_name).exists()
+    if from_hub:
         metadata.append(f"datasets: [{config.dataset_name}]")
+    subset = f" ({config.dataset_config_name})" if config.dataset_config_name else ""
     data = (
         {"train": config.train_file, "validation": config.validation_file or _held_out(config)}
         if config.uses_local_files
-        else {"Hub": f"{config.dataset_name} ({config.dataset_config_name})"}
+        else {"Hub" if from_hub else "dataset folder": f"{config.dataset_name}{subset}"}
     )
     flags = " ".join(f"--{k} {as_flag_value(v)}" for k, v in changed_flags(config).items())
     labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)

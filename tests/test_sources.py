@@ -59,6 +59,9 @@ def test_a_dataset_folder_trains_with_its_own_label_names(tiny_model_dir, news_f
     assert tuple(saved["id2label"].values()) == TOPICS  # the dataset's id order, not sorted
     predictions = read_jsonl(out / "predictions.jsonl")
     assert len(predictions) == 20 and {p["label"] for p in predictions} <= set(TOPICS)
+    card = (out / "README.md").read_text()
+    assert f"- dataset folder data: `{news_folder}`" in card
+    assert "datasets:" not in card  # the card's Hub metadata names Hub datasets only
 
 
 def test_multi_label_class_ids_and_a_carved_validation_split(tiny_model_dir, news_folder, tmp_path, capsys):
