@@ -88,6 +88,7 @@ TRAINING_KEYS = {
     "warmup_updates": "warmup steps",
     "weight_decay": "--weight_decay",
     "max_grad_norm": "--max_grad_norm",
+    "adam": "--adam_beta1/--adam_beta2/--adam_epsilon",
     "label_smoothing_factor": "--label_smoothing_factor",
     "seed": "--seed",
     "max_length": "--max_length",
@@ -111,6 +112,7 @@ def training_config(config, task, plan, world_size: int) -> dict:
         "warmup_updates": plan.warmup_updates,
         "weight_decay": config.weight_decay,  # else the optimizer state's own would silently win
         "max_grad_norm": config.max_grad_norm,
+        "adam": f"{config.adam_beta1}/{config.adam_beta2}/{config.adam_epsilon}",
         "label_smoothing_factor": config.label_smoothing_factor,
         "seed": config.seed,
         "max_length": config.max_length,

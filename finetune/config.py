@@ -183,6 +183,9 @@ class TrainConfig:
     learning_rate: float = _help("Peak AdamW learning rate.", default=2e-5)
     weight_decay: float = _help("AdamW weight decay (never applied to biases and LayerNorm).", default=0.01)
     max_grad_norm: float = _help("Clip the global gradient norm to this; 0 disables clipping.", default=1.0)
+    adam_beta1: float = _help("AdamW's beta1 (decay of the gradient's running mean).", default=0.9)
+    adam_beta2: float = _help("AdamW's beta2 (decay of the squared gradient's running mean).", default=0.999)
+    adam_epsilon: float = _help("AdamW's epsilon (added to the denominator).", default=1e-8)
     num_train_epochs: int = _help("Passes over the training data.", default=3)
     max_train_steps: int | None = _help(
         "Stop after this many optimizer steps (overrides epochs).", default=None
@@ -395,6 +398,11 @@ class TrainConfig:
             )
         if self.weight_decay < 0 or self.max_grad_norm < 0:
             raise ConfigError("--weight_decay and --max_grad_norm must be >= 0")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.adam_epsilon <= 0:
+            raise ConfigError(f"--adam_epsilon must be > 0, got {self.adam_epsilon}")
         if self.dataloader_num_workers < 0:
             raise ConfigError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
         if self.torch_dtype == "float16" and self.do_train:

@@ -157,7 +157,8 @@ def setup(config: TrainConfig) -> Run:
         config.warmup_ratio,
         config.warmup_steps,
     )
-    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
+    betas = (config.adam_beta1, config.adam_beta2)
+    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, betas, config.adam_epsilon)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, plan.warmup_updates, plan.total_updates)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     loaders = {name: accelerator.prepare(loader) for name, loader in loaders.items()}

@@ -119,6 +119,30 @@ def test_warmup_steps_ramp_the_learning_rate_then_the_schedule_decays_it(tiny_mo
     assert rates == pytest.approx([peak / 3, 2 * peak / 3, peak, 2 * peak / 3, peak / 3, 0.0])
 
 
+def test_adam_flags_reach_the_optimizer(tiny_model_dir, nli_files, tmp_path):
+    groups = []
+
+    def build(config):
+        from finetune.mnli import setup
+
+        run = setup(config)
+        groups.extend({"betas": g["betas"], "eps": g["eps"]} for g in run.optimizer.param_groups)
+        return run
+
+    flags = [
+        "--max_train_steps",
+        "1",
+        "--adam_beta1",
+        "0.8",
+        "--adam_beta2",
+        "0.98",
+        "--adam_epsilon",
+        "1e-6",
+    ]
+    main(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", *flags), build)
+    assert groups and all(g == {"betas": (0.8, 0.98), "eps": 1e-6} for g in groups)
+
+
 def test_resume_mid_epoch_ends_bitwise_equal(tiny_model_dir, nli_files, tmp_path):
     """Stop-and-resume from a mid-epoch checkpoint ends with the same weights as an unbroken run."""
     full = tmp_path / "full"
