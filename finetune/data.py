@@ -33,10 +33,11 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
     }
     splits, sources, declared = read_splits(config, task, wanted)
     if task is None:
-        multi_label = _is_multi_label(splits, config)
-        names = _multi_label_names(splits, config) if multi_label else _custom_label_names(splits, config)
         if declared and "train" in splits:  # the dataset's own names, in its own id order
-            names = declared
+            multi_label, names = isinstance(splits["train"].features["label"], List), declared
+        else:
+            multi_label = _is_multi_label(splits, config)
+            names = _multi_label_names(splits, config) if multi_label else _custom_label_names(splits, config)
         task = custom_task(columns, names, multi_label)
         if multi_label and "train" in splits and _is_text(splits["train"].features["label"]):
             task = replace(task, split_on=config.cell_label_separator)  # said in the run's task line
