@@ -204,63 +204,6 @@ def _reason(error: Exception) -> str:
     return next(g for g in quoted.groups() if g) if quoted else text.splitlines()[0][:120]
 
 
-def check_output_dir(output_dir: Path, overwrite: bool, resuming: bool) -> None:
-    """Before anything heavy: a usable folder, and never silently over a finished run."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ConfigError(f"--output_dir {output_dir} is a file; give a folder path")
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        raise ConfigError(
-            f"--output_dir {output_dir}: cannot write there ({error.strerror}); choose a writable folder"
-        ) from None
-    if (output_dir / "results.json").exists() and not (overwrite or resuming):
-        raise ConfigError(
-            f"--output_dir {output_dir} holds a finished run (results.json); pass --overwrite_output_dir "
-            "or choose another folder"
-        )
-    earlier = complete_checkpoints(output_dir)
-    if earlier and not (overwrite or resuming):
-        raise ConfigError(
-            f"--output_dir {output_dir} holds checkpoints of an earlier run ({earlier[-1].name}); continue "
-            "it with --resume_from_checkpoint auto, pass --overwrite_output_dir to remove them and start "
-            "over, or choose another folder"
-        )
-
-
-def remove_earlier_run(output_dir: Path) -> None:
-    """--overwrite_output_dir without resuming: rank 0 removes what the earlier run left (after taking
-    the lock, so never under a live run): its checkpoints, best model, metrics and results."""
-    if launcher_rank() != 0:
-        return
-    checkpoints = [p for p in output_dir.glob(f"{PREFIX}*") if p.name[len(PREFIX) :].isdigit()]
-    found = [*checkpoints, *output_dir.glob(f".{PREFIX}*.partial")]
-    found += [
-        p for p in (output_dir / n for n in (BEST_MODEL_DIR, "metrics.jsonl", "results.json")) if p.exists()
-    ]
-    for p in found:
-        try:
-            if p.is_dir():
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-        except OSError as error:
-            raise ConfigError(
-                f"--overwrite_output_dir: cannot remove {p} ({error.strerror}); remove it yourself or choose "
-                "another --output_dir"
-            ) from None
-    if found:
-        others = [p.name for p in found if p not in checkpoints]
-        listed = "".join(f", {name}" for name in others)
-        print(
-            f"--overwrite_output_dir: removed the earlier run's {len(checkpoints)} checkpoint(s){listed} "
-            f"from {output_dir}"
-        )
-
-
 def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> Path | None:
     """The checkpoint to resume, verified. `auto` skips a damaged one (with a one-line notice) for the
     newest intact one; an explicit damaged one is refused."""

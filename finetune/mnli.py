@@ -25,12 +25,10 @@ from finetune.checkpoint import (
     BEST_MODEL_DIR,
     TrainState,
     best_model_step,
-    check_output_dir,
     export_model,
     load_best_model,
     load_checkpoint,
     model_signature,
-    remove_earlier_run,
     resolve_resume,
     training_config,
     writing,
@@ -52,6 +50,7 @@ from finetune.loop import Run, model_flops_utilization, stopped_early, train
 from finetune.lora import describe_parameters, parameter_counts, training_flops_per_token, wrap_with_lora
 from finetune.memory import enable_gradient_checkpointing, fit_batch_size
 from finetune.modeling import build_optimizer, load_model_and_tokenizer, non_embedding_parameters
+from finetune.outputs import check_output_dir, finished_run, remove_earlier_run
 from finetune.padding_free import resolve_padding_free, use_padding_free
 from finetune.report import (
     CONFUSION_FILE,
@@ -102,6 +101,9 @@ def main(argv: list[str] | None = None, build=None) -> dict:
 
 
 def run_config(config: TrainConfig, build=None) -> dict:
+    finished = finished_run(config)
+    if finished is not None:
+        return finished  # relaunched after the end: nothing to do, nothing changed
     try:
         run = (build or setup)(config)
         results = execute(run)
@@ -123,7 +125,7 @@ def setup(config: TrainConfig) -> Run:
     started_s = time.perf_counter()
     output_dir = Path(config.output_dir)
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
-    check_output_dir(output_dir, config.overwrite_output_dir, resuming=resume is not None)
+    check_output_dir(config, resuming=resume is not None)
     take_lock(output_dir)  # rank 0: one run per output folder, until close() (or run_config's failure)
     trackers = trackers_for(config.report_to)
     wandb_notice = wandb_offline_notice(trackers)
@@ -168,9 +170,8 @@ def setup(config: TrainConfig) -> Run:
     state.model_signature, state.training = signature, training
 
     if config.overwrite_output_dir and resume is None:
-        remove_earlier_run(
-            output_dir
-        )  # rank 0, once every flag, file and model has loaded: a refusal keeps it
+        # Rank 0, once every flag, file and model has loaded: a refused start keeps the earlier run.
+        remove_earlier_run(output_dir)
     resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan), "backbone": backbone}
     state.tracker_run_id = start_trackers(
         accelerator, config.project_name, resolved, output_dir, state.tracker_run_id, config.run_name

@@ -254,9 +254,38 @@ def test_output_dir_that_cannot_be_used(case, flag, value, expected, good, finis
 def test_finished_output_dir_is_refused_and_kept(tiny_model_dir, nli_files, finished, capsys):
     last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, finished), finished, "", capsys)
     assert last == (
-        f"error: --output_dir {finished} holds a finished run (results.json); pass --overwrite_output_dir "
-        "or choose another folder"
+        f"error: --output_dir {finished} holds a finished run (results.json); choose another folder, or "
+        "pass --overwrite_output_dir to replace that run"
     )
+
+
+@pytest.mark.parametrize(
+    "extra", [("--do_train", "false"), ("--overwrite_output_dir",)], ids=["evaluate", "train"]
+)
+def test_the_models_own_folder_is_never_the_output_dir(nli_files, finished, capsys, extra):
+    """Evaluating a finished run's model into its own folder would replace its run record."""
+    args = [*tiny_args(finished, nli_files, finished), *extra]
+    last = fails_cleanly(args, finished, "", capsys, exit_code=2)
+    assert last == (
+        f"error: --output_dir {finished} is the --model_name_or_path folder: this run would write over the "
+        "model it reads and that model's run record; choose another --output_dir"
+    )
+
+
+def test_a_finished_run_relaunched_with_resume_auto_changes_nothing(
+    tiny_model_dir, nli_files, finished, capsys
+):
+    """A requeued job or a restarted script after the end: exit 0, the run as it was."""
+    before = snapshot(finished)
+    args = tiny_args(
+        tiny_model_dir, nli_files, finished, "--max_train_steps", "10", "--checkpointing_steps", "5"
+    )
+    assert cli([*args, "--resume_from_checkpoint", "auto"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        f"{finished} holds a finished run (results.json, step 10): nothing to resume; --overwrite_output_dir "
+        "starts it over"
+    )
+    assert snapshot(finished) == before
 
 
 def test_resume_from_a_partial_checkpoint(tiny_model_dir, nli_files, finished, tmp_path, capsys):

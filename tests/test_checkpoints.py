@@ -142,12 +142,18 @@ def test_overwrite_output_dir_removes_the_earlier_runs_outputs(
         shutil.copy(unbroken / name, out / name)
     (out / ".checkpoint-6.partial").mkdir()
     (out / "notes.txt").write_text("mine")
+    # A LoRA run's adapter and predictions, a larger model's second shard: stale beside the new model.
+    (out / "adapter").mkdir()
+    (out / "predictions.jsonl").write_text("{}\n")
+    (out / "model-00002-of-00002.safetensors").write_bytes(b"old")
     capsys.readouterr()
     main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "3", "--overwrite_output_dir"))
     assert (
         "--overwrite_output_dir: removed the earlier run's 2 checkpoint(s), .checkpoint-6.partial, "
-        f"best_model, metrics.jsonl, results.json from {out}"
+        f"best_model, adapter, metrics.jsonl, results.json, predictions.jsonl, the model files from {out}"
     ) in capsys.readouterr().out.splitlines()
+    assert not (out / "adapter").exists() and not (out / "predictions.jsonl").exists()
+    assert sorted(p.name for p in out.glob("model*.safetensors")) == ["model.safetensors"]
     assert not list(out.glob("checkpoint-*")) and not list(out.glob(".checkpoint-*"))
     assert json.loads((out / "results.json").read_text())["global_step"] == 3
     assert (out / "notes.txt").read_text() == "mine"  # not the earlier run's: kept
