@@ -39,8 +39,7 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
             multi_label = _is_multi_label(splits, config)
             names = _multi_label_names(splits, config) if multi_label else _custom_label_names(splits, config)
         task = custom_task(columns, names, multi_label)
-        if multi_label and "train" in splits and _is_text(splits["train"].features["label"]):
-            task = replace(task, split_on=config.cell_label_separator)  # said in the run's task line
+        task = replace(task, label_note=_label_note(task, splits, config))  # said in the run's task line
     else:
         task = task.with_columns(config.text_column_names)
     canonical = task.label_names  # the order the data's class ids (GLUE's 0, 1, 2) are written in
@@ -94,6 +93,22 @@ def _is_multi_label(splits: dict[str, Dataset], config: TrainConfig) -> bool:
     values = train.unique("label") if isinstance(feature, Value) else train["label"]
     separator = config.cell_label_separator
     return any(isinstance(v, list) or (isinstance(v, str) and separator and separator in v) for v in values)
+
+
+def _label_note(task: Task, splits: dict[str, Dataset], config: TrainConfig) -> str | None:
+    """For the run's task line: label text split into several labels, or whole-number floats (what
+    pandas writes for integers beside a NaN) read as scores, where classes may have been meant."""
+    if "train" not in splits:
+        return None
+    feature = splits["train"].features["label"]
+    if task.multi_label and _is_text(feature):
+        return f"label cells split on --label_separator {config.cell_label_separator!r}"
+    if task.is_regression:
+        values = np.unique(np.asarray(splits["train"]["label"], dtype=np.float64))
+        if len(values) <= 10 and np.all(values == np.round(values)):
+            shown = ", ".join(f"{v:g}.0" for v in values[:4]) + (", ..." if len(values) > 4 else "")
+            return f"the labels {shown} are floats; write them as integers or names for classes"
+    return None
 
 
 def _is_text(feature) -> bool:
@@ -247,6 +262,13 @@ def _normalize_labels(
     if task.is_regression:
         if dataset.features["label"].dtype not in ("float32", "float64", "int32", "int64"):
             raise ConfigError(f"{source}: the regression task needs numeric labels")
+        scores = np.asarray(dataset["label"], dtype=np.float64)  # an empty cell reads as None: NaN here
+        if not np.isfinite(scores).all():
+            row = int(np.flatnonzero(~np.isfinite(scores))[0])
+            raise ConfigError(
+                f"{source}: row {row} has no number as its label (empty, NaN or inf); a regression needs one "
+                "on every row: fill or drop such rows"
+            )
         features["label"] = Value("float32")
         return dataset.cast(features)
     names = task.label_names
@@ -260,9 +282,14 @@ def _normalize_labels(
     reordered = canonical is not None and tuple(canonical) != tuple(names)
 
     def key(value):
+        if isinstance(value, bool):  # JSON true/false: names "False"/"True", not the ids 0/1
+            return str(value).lower()
         return value.strip().lower() if isinstance(value, str) else value
 
     bad = [v for v in dataset.unique("label") if key(v) not in to_id]
+    if None in bad:
+        row = dataset["label"].index(None)
+        raise ConfigError(f"{source}: row {row} has an empty label; give every row one, or drop such rows")
     if bad:
         first_row = dataset["label"].index(bad[0])
         shown = ", ".join(repr(v) for v in bad[:5])

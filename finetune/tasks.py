@@ -24,8 +24,8 @@ class Task:
     """Multi-label: the sigmoid probability at which a label counts as predicted."""
     label_smoothing: float = 0.0
     """Single-label: probability of the cross-entropy's target spread evenly over the labels."""
-    split_on: str | None = None
-    """Multi-label read from text cells: the --label_separator that split them (None: lists)."""
+    label_note: str | None = None
+    """How a custom task's labels were read, where a user may have meant otherwise (the task line)."""
 
     @property
     def is_regression(self) -> bool:
@@ -51,11 +51,12 @@ class Task:
     def summary(self) -> str:
         """One line of the run's log: what the task is and what it predicts."""
         if self.is_regression:
-            return f"task: {self.name}, regression (one score per row)"
+            note = f"; {self.label_note}" if self.label_note else ""
+            return f"task: {self.name}, regression (one score per row{note})"
+        note = f" ({self.label_note})" if self.label_note else ""
         names = ", ".join(self.label_names[:8]) + (", ..." if self.num_labels > 8 else "")
         kind = "multi-label" if self.multi_label else "single-label"
-        split = f" (label cells split on --label_separator {self.split_on!r})" if self.split_on else ""
-        return f"task: {self.name}, {kind}, {self.num_labels} labels: {names}{split}"
+        return f"task: {self.name}, {kind}, {self.num_labels} labels: {names}{note}"
 
     def with_columns(self, text_columns: tuple[str, ...] | None) -> Task:
         return self if text_columns is None else replace(self, text_columns=text_columns)

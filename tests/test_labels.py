@@ -270,3 +270,34 @@ def test_classification_scores_agree_with_sklearn():
     scores = multi_label_scores(guess, truth)
     assert scores["f1_micro"] == pytest.approx(f1_score(truth, guess, average="micro"))
     assert scores["f1_macro"] == pytest.approx(f1_score(truth, guess, average="macro"))
+
+
+def _custom_file(folder, name, cells):
+    path = folder / name
+    path.write_text("".join(json.dumps({"text": f"row {i}", "label": c}) + "\n" for i, c in enumerate(cells)))
+    return str(path)
+
+
+def test_label_cells_as_users_write_them(tmp_path, capsys):
+    """JSON booleans are two classes; an empty label is named by row, before any training; whole-number
+    floats stay a regression (as in HF's run_classification.py), and the task line says how to get classes."""
+    from finetune.config import ConfigError, TrainConfig
+    from finetune.data import load_splits
+
+    def load(cells):
+        path = _custom_file(tmp_path, f"{len(list(tmp_path.iterdir()))}.jsonl", cells)
+        return load_splits(TrainConfig(task_name="custom", text_columns="text", train_file=path,
+                                       validation_file=path))  # fmt: skip
+
+    task, splits = load([True, False, True, False])
+    assert task.label_names == ("False", "True") and splits["train"]["label"] == [1, 0, 1, 0]
+    with pytest.raises(ConfigError, match=r"\.jsonl: row 2 has an empty label; give every row one"):
+        load(["spam", "ham", None])
+    with pytest.raises(ConfigError, match=r"\.jsonl: row 1 has no number as its label \(empty, NaN or inf\)"):
+        load([0.5, None, 2.5])
+    task, _ = load([0.0, 1.0, 1.0, 0.0])
+    assert task.is_regression and task.summary() == (
+        "task: custom, regression (one score per row; the labels 0.0, 1.0 are floats; write them as integers "
+        "or names for classes)"
+    )
+    assert load([0.5, 1.25, 3.0])[0].summary() == "task: custom, regression (one score per row)"
