@@ -79,6 +79,8 @@ def model_signature(model_name_or_path: str, model) -> str:
 TRAINING_KEYS = {
     "task_name": "--task_name",
     "labels": "labels",
+    "train_rows": "training rows",
+    "group_by_length": "--group_by_length",
     "per_device_train_batch_size": "--per_device_train_batch_size",
     "gradient_accumulation_steps": "--gradient_accumulation_steps",
     "world_size": "processes",
@@ -97,12 +99,15 @@ TRAINING_KEYS = {
 }
 
 
-def training_config(config, task, plan, world_size: int) -> dict:
-    """This run's `TrainState.training`: a checkpoint resumes only into a run with the same one."""
+def training_config(config, task, plan, world_size: int, train_rows: int) -> dict:
+    """This run's `TrainState.training`: a checkpoint resumes only into a run with the same one (the
+    rows and their batching too: mid-epoch, other batches would train some rows twice, some never)."""
     return {
         "task_name": task.name,
         "labels": ("/".join(task.label_names) if task.label_names else "none (regression)")
         + (" (multi-label)" if task.multi_label else ""),
+        "train_rows": train_rows,
+        "group_by_length": config.group_by_length,
         "per_device_train_batch_size": config.per_device_train_batch_size,
         "gradient_accumulation_steps": config.gradient_accumulation_steps,
         "world_size": world_size,

@@ -165,7 +165,9 @@ def setup(config: TrainConfig) -> Run:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     loaders = {name: accelerator.prepare(loader) for name, loader in loaders.items()}
     train_loader, test_loader = loaders.pop("train", None), loaders.pop("test", None)
-    training = training_config(config, task, plan, world_size)
+    training = training_config(
+        config, task, plan, world_size, len(tokenized["train"]) if config.do_train else 0
+    )
     state = load_checkpoint(accelerator, resume, world_size, signature, training) if resume else TrainState()
     state.model_signature, state.training = signature, training
 

@@ -63,16 +63,26 @@ def check_output_dir(config: TrainConfig, resuming: bool) -> None:
         )
 
 
+# What makes a relaunch the same run as the finished one (values train_config.json keeps as given).
+SAME_RUN = ("task_name", "model_name_or_path", "dataset_name", "train_file", "validation_file",
+            "learning_rate", "seed", "per_device_train_batch_size", "gradient_accumulation_steps",
+            "num_train_epochs", "max_train_steps", "max_length")  # fmt: skip
+
+
 def finished_run(config: TrainConfig) -> dict | None:
-    """--resume_from_checkpoint auto in a folder whose run has finished (results.json): its results,
-    announced by rank 0, so a relaunch (a requeued job, a restarted script) changes nothing."""
-    results = Path(config.output_dir) / "results.json"
-    if config.resume_from_checkpoint != "auto" or config.overwrite_output_dir or not results.is_file():
+    """--resume_from_checkpoint auto in a folder whose run, the same as this one, has finished
+    (results.json): its results, announced by rank 0, so a relaunch (a requeued job, a restarted
+    script) changes nothing. Another run's record: None, and the checks that follow refuse it."""
+    folder = Path(config.output_dir)
+    if config.resume_from_checkpoint != "auto" or config.overwrite_output_dir:
         return None
     try:
-        finished = json.loads(results.read_text())
+        finished = json.loads((folder / "results.json").read_text())
+        recorded = json.loads((folder / "train_config.json").read_text())
     except (OSError, ValueError):
-        return None  # not a run record this toolkit can read: the checks that follow name it
+        return None
+    if any(recorded.get(key) != getattr(config, key) for key in SAME_RUN):
+        return None
     if launcher_rank() == 0:
         print(
             f"{config.output_dir} holds a finished run (results.json, step {finished.get('global_step')}): "

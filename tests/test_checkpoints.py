@@ -185,6 +185,10 @@ def test_auto_refuses_a_checkpoint_of_another_learning_rate(
     changed = with_flag(with_flag(args, "--weight_decay", "0.5"), "--warmup_steps", "5")
     last = fails_cleanly(changed, out, "", capsys, exit_code=2)
     assert "this run has warmup steps 5, --weight_decay 0.5;" in last
+    # Other rows or other batches mid-epoch would train some rows twice and others never.
+    regrouped = with_flag(with_flag(args, "--group_by_length", "false"), "--max_train_samples", "150")
+    last = fails_cleanly(regrouped, out, "", capsys, exit_code=2)
+    assert "this run has training rows 150, --group_by_length False;" in last
 
 
 def test_an_mnli_run_does_not_resume_a_custom_tasks_checkpoint(tiny_model_dir, nli_files, tmp_path, capsys):
@@ -197,8 +201,8 @@ def test_an_mnli_run_does_not_resume_a_custom_tasks_checkpoint(tiny_model_dir, n
     args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--resume_from_checkpoint", "auto")
     last = fails_cleanly(args, out, "", capsys, exit_code=2)
     assert (
-        f"{out / 'checkpoint-4'} was saved by a run with --task_name custom, labels a/b/c; this run has "
-        "--task_name mnli, labels entailment/neutral/contradiction;"
+        f"{out / 'checkpoint-4'} was saved by a run with --task_name custom, labels a/b/c, training rows 48; "
+        "this run has --task_name mnli, labels entailment/neutral/contradiction, training rows 600;"
     ) in last
 
 
