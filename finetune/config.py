@@ -464,10 +464,16 @@ class TrainConfig:
                 )
         self._check_label_flags()
         if self.uses_local_files:
-            if self.do_train and not (self.train_file and (self.validation_file or self.carves_validation)):
+            if self.do_train and not self.train_file:
+                raise ConfigError("training on local files needs --train_file")
+            if (
+                self.do_train
+                and self.eval_strategy != "no"
+                and not (self.validation_file or self.carves_validation)
+            ):
                 raise ConfigError(
-                    "training on local files needs --train_file and --validation_file (it judges the run), "
-                    "or --validation_split_percentage"
+                    "training on local files needs --validation_file (it judges the run), or "
+                    "--validation_split_percentage, or --eval_strategy no to train without evaluating"
                 )
             if self.do_predict and not self.test_file:
                 raise ConfigError("--do_predict on local files needs --test_file")

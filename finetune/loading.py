@@ -5,6 +5,7 @@ model takes none, positions that ignore left padding."""
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -19,6 +20,12 @@ PAD_TOKEN = "<pad>"  # added when a tokenizer has neither a pad nor an EOS token
 def loading_options(config: TrainConfig, device_type: str, bf16_native: bool) -> dict:
     """from_pretrained keyword arguments for --torch_dtype, --attn_implementation, --model_revision and
     --trust_remote_code; refuses what this device can't do before any weights are read."""
+    folder = Path(config.model_name_or_path)
+    if (folder / "trainer_state.json").is_file() and not (folder / "config.json").is_file():
+        raise ConfigError(
+            f"--model_name_or_path {folder} is a training checkpoint (state for --resume_from_checkpoint), "
+            "not a model: give the run's --output_dir, or its best_model/"
+        )
     if config.torch_dtype == "bfloat16" and not bf16_native:
         raise ConfigError(
             f"--torch_dtype bfloat16: this {device_type.upper()} has no native bf16 (it would emulate it, "

@@ -252,3 +252,13 @@ def test_only_rank_0_takes_the_lock(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     take_lock(tmp_path)
     assert snapshot(tmp_path) == {}
+
+
+def test_a_checkpoint_folder_is_not_a_model(unbroken, nli_files, tmp_path, capsys):
+    checkpoint = unbroken / "checkpoint-4"
+    args = tiny_args(checkpoint, nli_files, tmp_path / "eval", "--do_train", "false")
+    last = fails_cleanly(args, unbroken, "", capsys, exit_code=2)
+    assert last == (
+        f"error: --model_name_or_path {checkpoint} is a training checkpoint (state for "
+        "--resume_from_checkpoint), not a model: give the run's --output_dir, or its best_model/"
+    )

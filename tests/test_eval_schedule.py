@@ -52,6 +52,12 @@ def test_eval_strategy_no_trains_without_evaluating(tiny_model_dir, nli_files, t
     assert not evaluations(out) and not (out / "best_model").exists()
     assert "eval_matched_accuracy" not in results and results["best_step"] is None
     assert results["exported_model_step"] == results["global_step"] == 6
+    # Then no validation file is needed at all (HF Trainer's eval_strategy "no" without an eval dataset).
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "train-only", *flags)
+    at = args.index("--validation_file")
+    del args[at : at + 2]
+    reset_accelerate()
+    assert main(args)["global_step"] == 6
 
 
 def test_a_learning_rate_too_small_to_change_anything_stops_after_patience_plus_one_evaluations(
