@@ -19,6 +19,7 @@ from typing import Literal
 import huggingface_hub.constants
 import yaml
 from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
 
 from finetune.tasks import GLUE_TASKS, TASK_CHOICES
 
@@ -68,8 +69,33 @@ def _choices(annotation) -> tuple | None:
     return typing.get_args(literals[0]) if literals else None
 
 
+def _epochs(text: str) -> int | float:
+    """--num_train_epochs: a fraction (0.5) as HF Trainer takes it; a whole number stays an int, so the
+    model card and train_config.json show 3, not 3.0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of epochs (3, or 0.5), got {text!r}") from None
+    return int(value) if value.is_integer() else value
+
+
 class _Parser(HfArgumentParser):
-    """argparse prints its usage and exits on a bad flag; here that is one ConfigError line."""
+    """argparse prints its usage and exits on a bad flag; here that is one ConfigError line.
+
+    Beyond HfArgumentParser: an optional bool (`bool | None`, None = decided later) also takes its flag
+    bare (= true), as the plain bool flags do; the `--no_X` flags it adds say what they do."""
+
+    def _add_dataclass_arguments(self, dtype):
+        super()._add_dataclass_arguments(dtype)
+        for action in self._actions:
+            negation = isinstance(action, argparse._StoreFalseAction)
+            if negation and action.option_strings[0].startswith("--no_"):
+                action.help = f"Turn off --{action.dest}."  # not the positive flag's text again
+                action.default = argparse.SUPPRESS  # the positive flag's default decides, not "False"
+            elif action.type is string_to_bool and action.nargs is None:
+                action.nargs, action.const = "?", True  # `--greater_is_better` alone means true
+            elif action.dest == "num_train_epochs":
+                action.type = _epochs
 
     def error(self, message: str):
         # "argument --max_length/--max-length: invalid int value: 'x'" -> "--max_length: invalid ..."
@@ -186,7 +212,10 @@ class TrainConfig:
     adam_beta1: float = _help("AdamW's beta1 (decay of the gradient's running mean).", default=0.9)
     adam_beta2: float = _help("AdamW's beta2 (decay of the squared gradient's running mean).", default=0.999)
     adam_epsilon: float = _help("AdamW's epsilon (added to the denominator).", default=1e-8)
-    num_train_epochs: int = _help("Passes over the training data.", default=3)
+    num_train_epochs: float = _help(
+        "Passes over the training data; a fraction (0.5) stops the last pass part-way, as HF Trainer does.",
+        default=3,
+    )
     max_train_steps: int | None = _help(
         "Stop after this many optimizer steps (overrides epochs).", default=None
     )
@@ -373,13 +402,17 @@ class TrainConfig:
             "per_device_train_batch_size",
             "per_device_eval_batch_size",
             "gradient_accumulation_steps",
-            "num_train_epochs",
             "max_length",
             "logging_steps",
         )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be a positive integer, got {getattr(self, name)}")
+        if not self.num_train_epochs > 0:
+            raise ConfigError(
+                "--num_train_epochs must be a positive integer or fraction (0.5), "
+                f"got {self.num_train_epochs}"
+            )
         for name in ("max_train_steps", "max_train_samples", "max_eval_samples", "save_total_limit"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -649,10 +682,18 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         raise _unknown(unknown)
     values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(TrainConfig)}
     try:
-        return TrainConfig(**values)
+        config = TrainConfig(**values)
     except ConfigError as error:
         error.debug = bool(values["debug"])  # --debug shows the traceback of a refused setting too
         raise
+    # What the user set (flags and YAML keys), before __post_init__ and setup resolve anything for
+    # this machine: the model card's command. Not a dataclass field, so neither a flag nor in to_dict.
+    config.user_flags = {
+        f.name: list(values[f.name]) if isinstance(values[f.name], list) else values[f.name]
+        for f in dataclasses.fields(TrainConfig)
+        if f.name != "config" and values[f.name] != default_of(f)  # the YAML file's keys are inlined
+    }
+    return config
 
 
 def _read_yaml(path: str) -> dict:

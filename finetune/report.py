@@ -39,8 +39,13 @@ def _cpu_name() -> str | None:
 
 
 def changed_flags(config: TrainConfig) -> dict:
-    """The flags that differ from the defaults (resolved ones included): a command line that
-    reproduces the run."""
+    """The flags the user set to other values than the defaults (on the command line or in the YAML
+    file): a command line that reproduces the run on another machine, which resolves the auto settings
+    (padding_free, dropout_kernel, ...) for itself. A config built in Python rather than by parse_config
+    has no such record: then every field that differs from its default, resolved ones included."""
+    given = getattr(config, "user_flags", None)
+    if given is not None:
+        return dict(given)
     return {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(config)

@@ -27,20 +27,24 @@ def plan_steps(
     per_device_batch_size: int,
     gradient_accumulation_steps: int,
     world_size: int,
-    num_train_epochs: int,
+    num_train_epochs: float,
     max_train_steps: int | None = None,
     warmup_ratio: float = 0.0,
     warmup_steps: int = 0,
 ) -> StepPlan:
-    """`warmup_steps` above 0 overrides `warmup_ratio`, as in HF Trainer."""
+    """`warmup_steps` above 0 overrides `warmup_ratio`, as in HF Trainer. Fractional epochs (0.5, 1.5)
+    are HF Trainer's too: ceil(updates_per_epoch * epochs) updates, over ceil(epochs) epochs of which
+    the last stops part-way, as with max_train_steps."""
     # Accelerate shards whole batches round-robin and, with even_batches, gives every process
     # ceil(batches / world_size) of them; ceil(ceil(n/b)/w) == ceil(n/(b*w)).
     micro = math.ceil(num_train_samples / (per_device_batch_size * world_size))
     # accelerator.accumulate also steps at the end of the dataloader, so a partial window counts.
     updates_per_epoch = math.ceil(micro / gradient_accumulation_steps)
     if max_train_steps is None:
-        total = updates_per_epoch * num_train_epochs
-        epochs = num_train_epochs
+        # Rounded first: 10 updates x 1.1 epochs is 11.000000000000002 in floats, not 12 updates.
+        # At least one update when there is data, however few epochs.
+        total = max(math.ceil(round(updates_per_epoch * num_train_epochs, 9)), min(updates_per_epoch, 1))
+        epochs = math.ceil(num_train_epochs)
     else:
         total = max_train_steps
         epochs = math.ceil(max_train_steps / updates_per_epoch)

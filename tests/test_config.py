@@ -2,10 +2,11 @@ import dataclasses
 import re
 import subprocess
 import sys
+import typing
 
 import pytest
 
-from finetune.config import OTHER_NAMES, ConfigError, TrainConfig, parse_config
+from finetune.config import OTHER_NAMES, ConfigError, TrainConfig, parse_config, to_dict
 from tests.helpers import REPO
 
 RECIPES = REPO / "recipes"
@@ -238,3 +239,115 @@ def test_importing_the_package_registers_nothing_with_transformers():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def _optional_bool_flags() -> list[str]:
+    hints = typing.get_type_hints(TrainConfig)
+    return [f.name for f in dataclasses.fields(TrainConfig) if hints[f.name] == bool | None]
+
+
+def test_there_are_optional_bool_flags_to_test():
+    assert {"greater_is_better", "load_best_model_at_end"} <= set(_optional_bool_flags())
+
+
+@pytest.mark.parametrize("name", _optional_bool_flags())
+@pytest.mark.parametrize(
+    ("spelling", "expected"),
+    [
+        ([], True),
+        (["true"], True),
+        (["false"], False),
+        (["False"], False),
+        (["--learning_rate", "1e-4"], True),  # bare, then the next flag
+    ],
+)
+def test_optional_bool_flags_take_a_bare_form_as_hf_does(name, spelling, expected):
+    """`--load_best_model_at_end` alone means true (HF Trainer's spelling); a value still works."""
+    config = parse_config([f"--{name}", *spelling])
+    assert getattr(config, name) is expected
+    assert getattr(parse_config([f"--{name}=false"]), name) is False
+
+
+def test_optional_bool_flags_left_out_are_decided_later_and_yaml_is_unchanged(tmp_path):
+    config = parse_config([])
+    assert config.greater_is_better is None  # decided once the metric is known
+    assert config.load_best_model_at_end is True  # the run evaluates (--eval_strategy epoch)
+    path = tmp_path / "run.yaml"
+    path.write_text("greater_is_better: false\nload_best_model_at_end: false\n")
+    config = parse_config(["--config", str(path)])
+    assert (config.greater_is_better, config.load_best_model_at_end) == (False, False)
+    with pytest.raises(ConfigError, match="greater_is_better: 'maybe' is not a valid value"):
+        path.write_text("greater_is_better: maybe\n")
+        parse_config(["--config", str(path)])
+
+
+def test_no_flags_say_what_they_turn_off(capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_config(["--help"])
+    assert exited.value.code == 0
+    help_text = capsys.readouterr().out
+    negated = [f.name for f in dataclasses.fields(TrainConfig) if f.default is True]
+    assert {"group_by_length", "do_train", "ddp_gradient_as_bucket_view"} <= set(negated)
+    for name in negated:
+        # The --no_ flag's own line, up to the next flag: its text, not the positive flag's again.
+        entry = re.search(rf"\n  --no_{name}, --no-[\w-]+\s+(.*?)\n  --", help_text, re.S)
+        assert entry is not None, name
+        assert " ".join(entry.group(1).split()) == f"Turn off --{name}."
+        assert getattr(parse_config([f"--no_{name}"]), name) is False
+        assert getattr(parse_config([]), name) is True
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0.5", 0.5), ("1.5", 1.5), ("2", 2), ("2.0", 2)])
+def test_num_train_epochs_takes_fractions_and_whole_numbers_stay_whole(value, expected, tmp_path):
+    for config in (
+        parse_config(["--num_train_epochs", value]),
+        parse_config(["--config", write_yaml(tmp_path, f"num_train_epochs: {value}\n")]),
+    ):
+        assert config.num_train_epochs == expected
+        # train_config.json and the model card show 2, not 2.0
+        assert type(config.num_train_epochs) is type(expected)
+    default = to_dict(parse_config([]))["num_train_epochs"]
+    assert default == 3 and type(default) is int
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "--num_train_epochs must be a positive integer or fraction"),
+        ("-0.5", "--num_train_epochs must be a positive integer or fraction"),
+        ("half", "^--num_train_epochs: expected a number of epochs"),
+        ("nan", "--num_train_epochs must be a finite number"),
+    ],
+)
+def test_bad_num_train_epochs_is_one_line(value, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(["--num_train_epochs", value])
+
+
+def write_yaml(folder, text: str) -> str:
+    path = folder / "run.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_user_flags_are_what_the_user_set_not_what_was_resolved(tmp_path):
+    path = write_yaml(tmp_path, "learning_rate: 3e-3\nlora_target_modules: [query, value]\nseed: 42\n")
+    flags = ["--task_name", "sst2", "--num_train_epochs", "2", "--greater_is_better"]
+    config = parse_config(["--config", path, *flags])
+    # Resolved by __post_init__, but not given: not a command-line choice to repeat elsewhere.
+    assert (config.output_dir, config.project_name, config.dataset_config_name) == (
+        "outputs/sst2",
+        "finetune-sst2",
+        "sst2",
+    )
+    assert config.load_best_model_at_end is True
+    assert config.user_flags == {  # seed 42 is the default; --config's keys stand in for the file
+        "task_name": "sst2",
+        "learning_rate": 3e-3,
+        "num_train_epochs": 2,
+        "lora_target_modules": ["query", "value"],
+        "greater_is_better": True,
+    }
+    # Not a field: no --user_flags flag, no key in train_config.json or docs/flags.md.
+    assert "user_flags" not in {f.name for f in dataclasses.fields(TrainConfig)}
+    assert "user_flags" not in to_dict(config)

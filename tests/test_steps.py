@@ -1,9 +1,14 @@
+import json
+import math
+
 import pytest
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
+from finetune.mnli import main
 from finetune.steps import plan_steps
+from tests.helpers import tiny_args
 
 
 @pytest.mark.parametrize(
@@ -52,3 +57,36 @@ def test_plan_matches_what_accelerate_really_does(samples, batch, accum):
             updates += accelerator.sync_gradients
     plan = plan_steps(samples, batch, accum, accelerator.num_processes, 1)
     assert (plan.micro_batches_per_epoch, plan.updates_per_epoch) == (micro, updates)
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch", "accum", "epochs", "per_epoch", "total", "started"),
+    [
+        (1000, 32, 1, 0.5, 32, 16, 1),  # half of one epoch
+        (1000, 32, 1, 1.5, 32, 48, 2),  # the second epoch stops half-way
+        (1000, 32, 5, 0.5, 7, 4, 1),  # 3.5 updates: rounded up, as HF Trainer does
+        (1000, 32, 5, 1.5, 7, 11, 2),  # 10.5 -> 11
+        (100, 10, 1, 1.1, 10, 11, 2),  # 10 x 1.1 is 11.000000000000002 in floats: still 11
+        (10, 4, 1, 0.01, 3, 1, 1),  # a sliver of an epoch is still one update
+    ],
+)
+def test_fractional_epochs_plan(samples, batch, accum, epochs, per_epoch, total, started):
+    plan = plan_steps(samples, batch, accum, 1, epochs, warmup_ratio=0.1)
+    assert (plan.updates_per_epoch, plan.total_updates, plan.num_epochs) == (per_epoch, total, started)
+    assert plan.warmup_updates == math.ceil(0.1 * total)  # the schedule is sized to the updates made
+
+
+def test_a_run_of_fractional_epochs_stops_at_the_planned_step(tiny_model_dir, nli_files, tmp_path):
+    """600 rows, 16 a micro-batch, 2 per update: 38 micro-batches, 19 updates an epoch; 1.5 epochs
+    is ceil(28.5) = 29 updates, 10 of them (20 micro-batches) in the second epoch."""
+    out = tmp_path / "out"
+    extra = ("--num_train_epochs", "1.5", "--gradient_accumulation_steps", "2", "--logging_steps", "1")
+    results = main(tiny_args(tiny_model_dir, nli_files, out, *extra))
+    assert results["global_step"] == 29
+    plan = json.loads((out / "train_config.json").read_text())["plan"]
+    assert (plan["updates_per_epoch"], plan["total_updates"], plan["num_epochs"]) == (19, 29, 2)
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in logged if "loss" in r]
+    assert [r["step"] for r in trained] == list(range(1, 30))  # every update once, none past 29
+    assert trained[-1]["epoch"] == round(1 + 20 / 38, 4)
+    assert "--num_train_epochs 1.5" in (out / "README.md").read_text()

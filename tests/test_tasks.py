@@ -227,3 +227,29 @@ def test_task_flag_mistakes(flags, message):
 
     with pytest.raises(ConfigError, match=message):
         parse_config(flags)
+
+
+def test_model_card_command_is_what_the_user_gave(trained, tiny_model_dir, nli_files):
+    """Rerun elsewhere, the card's command must not force this machine's resolved choices."""
+    from finetune.config import parse_config, to_dict
+
+    out, _ = trained
+    card = (out / "README.md").read_text()
+    command = next(line for line in card.splitlines() if line.startswith("accelerate launch "))
+    argv = command.split()[3:]
+    given = tiny_args(tiny_model_dir, nli_files, out, "--num_train_epochs", "3")  # the fixture's flags
+    # Every flag given with another value than its default; 3 epochs is the default.
+    assert {a for a in argv if a.startswith("--")} == {a for a in given if a.startswith("--")} - {
+        "--num_train_epochs"
+    }
+    assert "--learning_rate 0.003" in command and "--per_device_train_batch_size 16" in command
+    resolved = json.loads((out / "train_config.json").read_text())
+    assert (resolved["padding_free"], resolved["dropout_kernel"]) != ("auto", "auto")  # setup did resolve
+    for name in (
+        "padding_free", "pad_to_multiple_of", "keep_freed_memory", "dropout_kernel", "attn_implementation",
+        "dataset_config_name", "project_name", "metric_for_best_model", "greater_is_better",
+        "load_best_model_at_end",
+    ):  # fmt: skip
+        assert f"--{name} " not in command
+    # The command reproduces the run's settings.
+    assert to_dict(parse_config(argv)) == to_dict(parse_config(given))
