@@ -410,6 +410,22 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tiny_model_dir, nli_files, 
     assert (out / "checkpoint-7" / "trainer_state.json").exists() and not (out / "results.json").exists()
 
 
+def test_ctrl_c_while_reading_the_data_is_one_line(
+    tiny_model_dir, nli_files, finished, tmp_path, capsys, monkeypatch
+):
+    import finetune.mnli
+
+    def interrupted(config):
+        os.kill(os.getpid(), signal.SIGINT)  # Python's own handler: KeyboardInterrupt, here
+        raise AssertionError("not interrupted")
+
+    monkeypatch.setattr(finetune.mnli, "load_splits", interrupted)
+    out = tmp_path / "out"
+    last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, out), finished, "", capsys, exit_code=130)
+    assert last == "error: interrupted before training started; nothing was saved"
+    assert not list(out.iterdir())  # the folder's lock is given back
+
+
 @pytest.mark.parametrize("spelling", [["--debug", "true"], ["--debug=true"], ["--debug"], ["yaml"]])
 def test_debug_shows_the_traceback(spelling, good, tmp_path):
     if spelling == ["yaml"]:
