@@ -229,6 +229,11 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> Path 
             )
         return None
     path = Path(resume_from_checkpoint)
+    if not path.exists():
+        raise ConfigError(
+            f"--resume_from_checkpoint {path} does not exist; give a checkpoint-N folder, or 'auto' for the "
+            "newest complete one in --output_dir"
+        )
     if not (path / STATE_FILE).is_file():
         raise ConfigError(
             f"--resume_from_checkpoint {path}: not a complete checkpoint (no {STATE_FILE}); "

@@ -215,6 +215,10 @@ CASES = {
     ),
     "resume from nothing": (
         lambda a, t: with_flag(a, "--resume_from_checkpoint", str(t / "nothing")),
+        "nothing does not exist; give a checkpoint-N folder, or 'auto'",
+    ),
+    "resume from a folder that is no checkpoint": (
+        lambda a, t: with_flag(a, "--resume_from_checkpoint", str(t)),
         "not a complete checkpoint",
     ),
 }
