@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from finetune.checkpoint import file_checksum
 from finetune.config import ConfigError
 from finetune.mnli import main
 from tests.helpers import PYTHON, free_port, read_jsonl, reset_accelerate, run_cli, tiny_args, weights
@@ -246,6 +247,11 @@ def test_resume_refuses_a_checkpoint_that_would_run_code(tiny_model_dir, nli_fil
     state = out / "checkpoint-5" / "random_states_0.pkl"
     exploit = pickle.dumps(_Exploit())  # padded to the size it replaces: a size check cannot tell
     state.write_bytes(exploit.ljust(state.stat().st_size, b"\0"))
+    # A crafted checkpoint comes with a manifest that matches it: the checksum cannot tell either.
+    manifest = out / "checkpoint-5" / "manifest.json"
+    listed = json.loads(manifest.read_text())
+    listed[state.name]["crc32"] = file_checksum(state)
+    manifest.write_text(json.dumps(listed))
     with pytest.raises(ConfigError, match="refusing to unpickle"):
         main(
             tiny_args(
