@@ -187,9 +187,20 @@ def test_sigterm_checkpoints_exits_and_resumes_the_same_wandb_run(
     assert (out / f"checkpoint-{at}" / "trainer_state.json").exists()
     assert not (out / "results.json").exists()
 
+    before_s = json.loads((out / f"checkpoint-{at}" / "trainer_state.json").read_text())["train_runtime_s"]
+
     done = run_cli([*launcher(nproc), "finetune/mnli.py", *args, "--resume_from_checkpoint", "auto"], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_bitwise_equal(out, reference)
+    # Stopped mid log window (lines every 5 steps): the resumed run's lines and totals are the unbroken
+    # run's (2 ranks sum the window's loss in another order: equal to rounding).
+    losses, expected_losses = step_losses(out), step_losses(reference)
+    assert [s for s, _ in losses] == [s for s, _ in expected_losses]
+    assert [x for _, x in losses] == pytest.approx([x for _, x in expected_losses], rel=1e-6, abs=0)
+    results = json.loads((out / "results.json").read_text())
+    expected = json.loads((reference / "results.json").read_text())
+    assert results["train_samples"] == expected["train_samples"]
+    assert 0 < before_s < results["train_runtime_s"]  # both segments' training seconds
     runs = sorted(p.name for p in (out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and len({name.rsplit("-", 1)[1] for name in runs}) == 1  # one W&B run id
 
