@@ -320,6 +320,7 @@ def _evaluate_if_due(run: Run, metric, stop: StopSignals, progress) -> float:
     try:
         _evaluate_and_keep_best(run, metric, stop, progress)
     except EvaluationAbandoned:  # on every rank
+        run.meter.exclude(time.perf_counter() - tic)  # the checkpoint's training seconds leave it out
         signal_name = stop.received or "SIGTERM"  # a peer's signal; preemption is the usual cause
         raise TrainingInterrupted(signal_name, run.state.global_step, _save(run)) from None
     return time.perf_counter() - tic
