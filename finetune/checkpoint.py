@@ -10,6 +10,7 @@ import pickle
 import re
 import shutil
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -29,8 +30,10 @@ from finetune.runtime import TrainingFailed, launcher_rank
 PREFIX = "checkpoint-"
 STATE_FILE = "trainer_state.json"
 MANIFEST = "manifest.json"
-"""{file: bytes} of what save_state wrote (not the state file, which is checked by parsing it): resume
-checks the sizes."""
+"""{file: {"bytes": size, "crc32": checksum}} of what save_state wrote (not the state file, which is
+checked by parsing it): resume checks both. Checkpoints written before held {file: bytes}: sizes only."""
+CHUNK_BYTES = 16 * 2**20
+"""The checksum reads a file in pieces of this size: streaming, whatever the file's size."""
 BEST_MODEL_DIR = "best_model"
 BEST_RECORD = "eval_results.json"
 """In best_model/: the evaluation record (step, metrics) of the weights there."""
@@ -67,6 +70,15 @@ class TrainState:
     """Model name, parameter count and a hash of parameter names and shapes; resume checks it."""
     training: dict | None = None
     """What makes a resumed run the same run (task, labels, batch plan, schedule, seed); resume checks it."""
+    train_runtime_s: float = 0.0
+    """Training seconds up to this checkpoint, summed over the run's segments (a resumed run starts a new
+    one); evaluation excluded. results.json's train_runtime_s is this at the end of the run."""
+    eval_runtime_s: float = 0.0
+    """Evaluation seconds up to this checkpoint, summed over the run's segments."""
+    log_window: dict | None = None
+    """The logging window open at this checkpoint (steps since the last metrics.jsonl loss line), summed
+    over processes: {"loss_sum", "samples", "tokens", "seconds"}. A resumed run continues it, so its next
+    loss line, and the run's samples and tokens, are those of a run never interrupted."""
 
 
 def model_signature(model_name_or_path: str, model) -> str:
@@ -151,13 +163,14 @@ def save_checkpoint(
         accelerator.save_state(str(staging))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
-            # Listed after every rank's save_state: each rank wrote its own RNG file.
-            sizes = {
-                str(f.relative_to(staging)): f.stat().st_size
+            # Listed after every rank's save_state: each rank wrote its own RNG file. Rank 0 reads
+            # every file back once for its checksum (a full read of the checkpoint, at disk speed).
+            listed = {
+                str(f.relative_to(staging)): {"bytes": f.stat().st_size, "crc32": file_checksum(f)}
                 for f in sorted(staging.rglob("*"))
                 if f.is_file()
             }
-            (staging / MANIFEST).write_text(json.dumps(sizes, indent=2))
+            (staging / MANIFEST).write_text(json.dumps(listed, indent=2))
             record = {**asdict(state), "world_size": world_size}
             (staging / STATE_FILE).write_text(json.dumps(record, indent=2))
             if final.exists():
@@ -181,6 +194,15 @@ def save_checkpoint(
                 shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def file_checksum(file: Path) -> str:
+    """zlib's CRC-32 of the file's bytes, read in CHUNK_BYTES pieces, as 8 hex digits."""
+    checksum = 0
+    with file.open("rb") as f:
+        while chunk := f.read(CHUNK_BYTES):
+            checksum = zlib.crc32(chunk, checksum)
+    return f"{checksum:08x}"
 
 
 @contextlib.contextmanager
@@ -249,8 +271,10 @@ def resolve_resume(resume_from_checkpoint: str | None, output_dir: str) -> Path 
 
 
 def damage(path: Path) -> str | None:
-    """What is wrong with a published checkpoint ("<file> is damaged (...)"), or None: the sizes its
-    manifest lists (none before manifests existed), safetensors headers that parse, pickles that load."""
+    """What is wrong with a published checkpoint ("<file> is damaged (...)"), or None: the sizes and
+    checksums its manifest lists (sizes only in older manifests, nothing before manifests existed), then
+    safetensors headers that parse, pickles that load. Every rank calls it (before the Accelerator
+    exists) and reads the checkpoint once for the checksums."""
     records = {}
     for name in (STATE_FILE, MANIFEST):
         if name == STATE_FILE or (path / name).exists():
@@ -258,14 +282,19 @@ def damage(path: Path) -> str | None:
                 records[name] = json.loads((path / name).read_text())
             except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
                 return f"{name} is damaged (not readable JSON)"
-    problems = []  # the manifest's word first; every pickle is still loaded, to refuse one that runs code
-    for name, size in records.get(MANIFEST, {}).items():
+    problems = []  # the manifest's word first
+    for name, listed in records.get(MANIFEST, {}).items():
+        size, checksum = (listed["bytes"], listed["crc32"]) if isinstance(listed, dict) else (listed, None)
         actual = (path / name).stat().st_size if (path / name).is_file() else None
         if actual is None:
             problems.append(f"{name} is missing (listed in {MANIFEST})")
         elif actual != size:
             what = f"truncated: {actual:,} of" if actual < size else f"{actual:,} bytes, written as"
             problems.append(f"{name} is damaged ({what} {size:,} bytes)")
+        elif checksum is not None and file_checksum(path / name) != checksum:
+            problems.append(f"{name} is damaged (checksum differs)")
+    if problems:  # damage, not a pickle to judge (random bytes would read as "Python objects...")
+        return problems[0]
     for file in sorted([*path.glob("*.safetensors"), *path.glob("*.bin"), *path.glob("*.pkl")]):
         try:
             if file.stat().st_size == 0:

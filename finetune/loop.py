@@ -55,19 +55,21 @@ class Run:
     first_nonfinite_step: torch.Tensor | None = None
     """On the device, set by train(): the first step whose gradient norm was NaN or inf (0: none).
     That step was skipped on the device; the run fails when the flag is next read (`_raise_if_diverged`)."""
+    meter: _Meter | None = None
+    """Set by train(): the open logging window and this segment's clock; a checkpoint keeps both."""
 
 
 def train(run: Run, stop: StopSignals):
     """Optimizer steps until `plan.total_updates` or early stopping, evaluating on --eval_strategy.
 
-    Returns the training seconds and the evaluation seconds; the evaluations are in `run.state`. A stop
-    signal ends the run after the current step with a checkpoint and `TrainingInterrupted`.
+    Returns the run's training seconds and evaluation seconds, each summed over its segments (a resumed
+    run adds the seconds its checkpoint recorded); the evaluations are in `run.state`. A stop signal ends
+    the run after the current step with a checkpoint and `TrainingInterrupted`.
     """
     accelerator, model, config, plan, state = run.accelerator, run.model, run.config, run.plan, run.state
     world_size = accelerator.num_processes
     full_window = config.per_device_train_batch_size * config.gradient_accumulation_steps * world_size
     metric = load_metric(run.task, accelerator)
-    meter = _Meter(accelerator.device)
     run.first_nonfinite_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)
     window_samples = 0
     # A context manager: the bar is closed before any error message is printed.
@@ -78,10 +80,9 @@ def train(run: Run, stop: StopSignals):
         unit="step",
         disable=not accelerator.is_local_main_process,
     ) as progress:
-        tic = meter.since = time.perf_counter()
+        meter = run.meter = _Meter(accelerator, state)  # starts this segment's clock
         # Resumed from a checkpoint whose evaluation a stop signal abandoned: that step's evaluation first.
-        eval_seconds = _evaluate_if_due(run, metric, stop, progress)  # collective
-        meter.since += eval_seconds  # evaluation time is not training throughput
+        meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
         model.train()
         for epoch in range(state.epoch, plan.num_epochs):
             if stopped_early(config, state):
@@ -122,9 +123,7 @@ def train(run: Run, stop: StopSignals):
                                 loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_second']:.0f}"
                             )
                         # Before the checkpoint, so one written at this step holds this evaluation's counters.
-                        seconds = _evaluate_if_due(run, metric, stop, progress)  # collective
-                        meter.since += seconds
-                        eval_seconds += seconds
+                        meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
                         _checkpoint_or_stop(run, stop)  # collective
                         if stopped_early(config, state):
                             break
@@ -137,20 +136,57 @@ def train(run: Run, stop: StopSignals):
                 break
     _raise_if_diverged(run)  # before the caller exports the model
     meter.flush(accelerator, state)  # collective: pairs not yet logged still count toward throughput
-    return time.perf_counter() - tic - eval_seconds, eval_seconds
+    return meter.run_seconds()
 
 
 class _Meter:
     """Per-rank sums since the last log line, kept on the device so the hot path never waits for
-    the GPU; they are reduced across ranks only when a line is logged."""
+    the GPU; they are reduced across ranks only when a line is logged or a checkpoint written. Also
+    this segment's clock: training and evaluation seconds since train() began."""
 
-    def __init__(self, device):
-        self.loss = torch.zeros((), device=device, dtype=torch.float64)
-        self.tokens = torch.zeros((), device=device, dtype=torch.float64)
-        self.samples = 0
+    def __init__(self, accelerator, state: TrainState):
+        device = accelerator.device
+        # Resumed: the window the checkpoint left open, summed over ranks, goes on in rank 0's sums
+        # (a line adds every rank's), so the next line covers the same steps as an unbroken run's.
+        window = (state.log_window if accelerator.is_main_process else None) or {}
+        self.loss = torch.tensor(window.get("loss_sum", 0.0), device=device, dtype=torch.float64)
+        self.tokens = torch.tensor(float(window.get("tokens", 0)), device=device, dtype=torch.float64)
+        self.samples = window.get("samples", 0)
         self.grad_norm = torch.zeros((), device=device)
         """The last step's gradient norm, on the device until a line is logged."""
-        self.since = time.perf_counter()
+        self.started = time.perf_counter()
+        self.since = self.started - window.get("seconds", 0.0)
+        """Start of the open window's training time (evaluations pushed it on)."""
+        self.eval_seconds = 0.0
+        """This segment's evaluation seconds."""
+        self.earlier_s = (state.train_runtime_s, state.eval_runtime_s)
+        """Training and evaluation seconds of the run's earlier segments (0 in a fresh run)."""
+
+    def exclude(self, eval_seconds: float) -> None:
+        """Evaluation time is neither training time nor window throughput."""
+        self.since += eval_seconds
+        self.eval_seconds += eval_seconds
+
+    def run_seconds(self) -> tuple[float, float]:
+        """The run's training and evaluation seconds so far, this segment's plus the earlier ones'."""
+        train_s = time.perf_counter() - self.started - self.eval_seconds
+        return self.earlier_s[0] + train_s, self.earlier_s[1] + self.eval_seconds
+
+    def keep_in(self, accelerator, state: TrainState) -> None:
+        """Collective (one all-reduce and read, at a checkpoint: a wait anyway): the open window's sums
+        over every rank and the run's seconds into `state`, for a run resumed from it."""
+        samples = torch.tensor(float(self.samples), device=self.loss.device, dtype=self.loss.dtype)
+        loss_total, samples, tokens = accelerator.reduce(
+            torch.stack([self.loss, samples, self.tokens]), "sum"
+        ).tolist()
+        seconds = time.perf_counter() - self.since
+        state.log_window = {
+            "loss_sum": loss_total,
+            "samples": int(samples),
+            "tokens": int(tokens),
+            "seconds": seconds,
+        }
+        state.train_runtime_s, state.eval_runtime_s = self.run_seconds()
 
     def add(self, summed_loss: torch.Tensor, attention_mask: torch.Tensor, samples: int) -> None:
         self.loss += summed_loss.detach()
@@ -251,7 +287,9 @@ def _checkpoint_or_stop(run: Run, stop: StopSignals) -> None:
 
 
 def _save(run: Run) -> Path:
+    """Collective: a checkpoint of this step, with the open logging window and the run's seconds."""
     _raise_if_diverged(run)  # no checkpoint after a non-finite step
+    run.meter.keep_in(run.accelerator, run.state)  # collective
     config = run.config
     return save_checkpoint(
         run.accelerator, config.output_dir, run.state, run.accelerator.num_processes, config.save_total_limit
@@ -282,6 +320,7 @@ def _evaluate_if_due(run: Run, metric, stop: StopSignals, progress) -> float:
     try:
         _evaluate_and_keep_best(run, metric, stop, progress)
     except EvaluationAbandoned:  # on every rank
+        run.meter.exclude(time.perf_counter() - tic)  # the checkpoint's training seconds leave it out
         signal_name = stop.received or "SIGTERM"  # a peer's signal; preemption is the usual cause
         raise TrainingInterrupted(signal_name, run.state.global_step, _save(run)) from None
     return time.perf_counter() - tic

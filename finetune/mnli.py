@@ -309,6 +309,7 @@ def execute(run: Run) -> dict:
             **{k: v for k, v in exported.items() if k not in ("step", "epoch")},
             "global_step": state.global_step,
             "epoch": last_eval.get("epoch", state.epoch),
+            # The whole run: seconds summed over its segments (a resumed run adds its checkpoint's).
             "train_runtime_s": runtime_s,
             "train_samples": state.samples_seen,
             "train_samples_per_second": state.samples_seen / runtime_s,

@@ -262,3 +262,69 @@ def test_a_checkpoint_folder_is_not_a_model(unbroken, nli_files, tmp_path, capsy
         f"error: --model_name_or_path {checkpoint} is a training checkpoint (state for "
         "--resume_from_checkpoint), not a model: give the run's --output_dir, or its best_model/"
     )
+
+
+def flip_middle_byte(checkpoint, name) -> str:
+    """Flips one byte in the middle of a file (same size: only the checksum can tell); returns what
+    the manifest check says about it."""
+    file = checkpoint / name
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+    return f"{name} is damaged (checksum differs)"
+
+
+def sizes_only(checkpoint) -> None:
+    """The manifest as checkpoints written before checksums had it: {file: bytes}."""
+    manifest = checkpoint / "manifest.json"
+    listed = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({name: entry["bytes"] for name, entry in listed.items()}))
+
+
+FLIPPED = ["optimizer.bin", "model.safetensors"]
+
+
+@pytest.mark.parametrize("name", FLIPPED)
+def test_auto_skips_a_checkpoint_with_a_flipped_byte_and_ends_bitwise_equal(
+    name, unbroken, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """A flipped byte keeps the size and often the format (a NaN in the weights or moments): the
+    checksum finds it; auto falls back to the checkpoint before, whose manifest predates checksums."""
+    out = died_after_step_4(unbroken, tmp_path / "out")
+    sizes_only(out / "checkpoint-2")
+    assert damage(out / "checkpoint-2") is None  # an older manifest: sizes only, still resumable
+    said = flip_middle_byte(out / "checkpoint-4", name)
+    capsys.readouterr()
+    results = main(tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--resume_from_checkpoint", "auto"))
+    stdout = capsys.readouterr().out
+    assert [line for line in stdout.splitlines() if "skipping" in line] == [
+        f"--resume_from_checkpoint auto: skipping {out / 'checkpoint-4'}: {said}"
+    ]
+    assert f"resuming from {out / 'checkpoint-2'} at step 2" in stdout
+    assert results["global_step"] == 4
+    a, b = weights(unbroken), weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert damage(out / "checkpoint-4") is None  # rewritten by the resumed run
+
+
+@pytest.mark.parametrize("name", FLIPPED)
+def test_an_explicit_checkpoint_with_a_flipped_byte_is_refused(
+    name, unbroken, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    out = died_after_step_4(unbroken, tmp_path / "out")
+    checkpoint = out / "checkpoint-4"
+    said = flip_middle_byte(checkpoint, name)
+    args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--resume_from_checkpoint", str(checkpoint))
+    last = fails_cleanly(args, out, "", capsys, exit_code=2)
+    assert last == (
+        f"error: --resume_from_checkpoint {checkpoint}: {said}; give an earlier checkpoint, or 'auto' for "
+        "the newest intact one in --output_dir"
+    )
+
+
+def test_random_bytes_of_the_same_size_are_damage_not_an_unsafe_pickle(unbroken, tmp_path):
+    """Not "holds Python objects other than tensors": the checksum speaks before anything unpickles."""
+    checkpoint = shutil.copytree(unbroken / "checkpoint-4", tmp_path / "checkpoint-4")
+    file = checkpoint / "optimizer.bin"
+    file.write_bytes(os.urandom(file.stat().st_size))
+    assert damage(checkpoint) == "optimizer.bin is damaged (checksum differs)"

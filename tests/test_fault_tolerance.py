@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from finetune.checkpoint import file_checksum
 from finetune.config import ConfigError
 from finetune.mnli import main
 from tests.helpers import PYTHON, free_port, read_jsonl, reset_accelerate, run_cli, tiny_args, weights
@@ -186,9 +187,20 @@ def test_sigterm_checkpoints_exits_and_resumes_the_same_wandb_run(
     assert (out / f"checkpoint-{at}" / "trainer_state.json").exists()
     assert not (out / "results.json").exists()
 
+    before_s = json.loads((out / f"checkpoint-{at}" / "trainer_state.json").read_text())["train_runtime_s"]
+
     done = run_cli([*launcher(nproc), "finetune/mnli.py", *args, "--resume_from_checkpoint", "auto"], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_bitwise_equal(out, reference)
+    # Stopped mid log window (lines every 5 steps): the resumed run's lines and totals are the unbroken
+    # run's (2 ranks sum the window's loss in another order: equal to rounding).
+    losses, expected_losses = step_losses(out), step_losses(reference)
+    assert [s for s, _ in losses] == [s for s, _ in expected_losses]
+    assert [x for _, x in losses] == pytest.approx([x for _, x in expected_losses], rel=1e-6, abs=0)
+    results = json.loads((out / "results.json").read_text())
+    expected = json.loads((reference / "results.json").read_text())
+    assert results["train_samples"] == expected["train_samples"]
+    assert 0 < before_s < results["train_runtime_s"]  # both segments' training seconds
     runs = sorted(p.name for p in (out / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and len({name.rsplit("-", 1)[1] for name in runs}) == 1  # one W&B run id
 
@@ -246,6 +258,11 @@ def test_resume_refuses_a_checkpoint_that_would_run_code(tiny_model_dir, nli_fil
     state = out / "checkpoint-5" / "random_states_0.pkl"
     exploit = pickle.dumps(_Exploit())  # padded to the size it replaces: a size check cannot tell
     state.write_bytes(exploit.ljust(state.stat().st_size, b"\0"))
+    # A crafted checkpoint comes with a manifest that matches it: the checksum cannot tell either.
+    manifest = out / "checkpoint-5" / "manifest.json"
+    listed = json.loads(manifest.read_text())
+    listed[state.name]["crc32"] = file_checksum(state)
+    manifest.write_text(json.dumps(listed))
     with pytest.raises(ConfigError, match="refusing to unpickle"):
         main(
             tiny_args(

@@ -11,6 +11,7 @@ from finetune.config import ConfigError
 from finetune.mnli import cli, main
 from finetune.padding_free import cpu_has_amx
 from tests.helpers import (
+    N_TRAIN,
     N_VALIDATION,
     assert_same_weights,
     read_jsonl,
@@ -289,3 +290,29 @@ def test_torch_compile_trains_exports_and_resumes_with_or_without_compile(
             assert "torch.compile: compile cache hit" in capsys.readouterr().out
         assert [r["step"] for r in read_jsonl(resumed / "metrics.jsonl") if "loss" in r] == [4, 5, 6]
         assert_same_weights(weights(resumed), weights(full))
+
+
+def test_resume_mid_log_window_logs_and_totals_as_the_unbroken_run(tiny_model_dir, nli_files, tmp_path):
+    """Checkpoint at step 25, lines every 10 steps: the resumed run's line at 30 covers steps 21-30 as
+    the unbroken run's does (the checkpoint keeps the open window's sums); results.json counts every
+    pair trained and the training seconds of both segments."""
+    args = ["--logging_steps", "10", "--checkpointing_steps", "25"]  # 38 steps in the epoch
+    full = tmp_path / "full"
+    expected = main(tiny_args(tiny_model_dir, nli_files, full, *args))
+    reset_accelerate()
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-25", resumed / "checkpoint-25")
+    before_s = json.loads((resumed / "checkpoint-25" / "trainer_state.json").read_text())["train_runtime_s"]
+    tic = time.perf_counter()
+    results = main(tiny_args(tiny_model_dir, nli_files, resumed, *args, "--resume_from_checkpoint", "auto"))
+    segment_wall_s = time.perf_counter() - tic
+
+    after = [(r["step"], r["loss"]) for r in read_jsonl(resumed / "metrics.jsonl") if "loss" in r]
+    lines = {r["step"]: r["loss"] for r in read_jsonl(full / "metrics.jsonl") if "loss" in r}
+    assert [step for step, _ in after] == [30, 38]
+    assert all(loss == pytest.approx(lines[step], rel=1e-6, abs=0) for step, loss in after), (after, lines)
+    assert results["train_samples"] == expected["train_samples"] == N_TRAIN  # one epoch
+    # The whole run's seconds: the first segment's (up to its checkpoint) plus this one's.
+    assert 0 < before_s < results["train_runtime_s"] < before_s + segment_wall_s
+    assert results["train_samples_per_second"] == results["train_samples"] / results["train_runtime_s"]
