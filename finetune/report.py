@@ -99,10 +99,10 @@ def write_model_card(
         + (" (stopped early)" if results.get("stopped_early") else ""),
         *_exported_model_line(config, results),
         f"- hardware: {machine}, mixed precision {results.get('mixed_precision')}",
-        f"- wall time: {wall_s:.1f} s in all, {results.get('train_runtime_s', 0):.1f} s training "
-        f"({results.get('train_samples_per_second', 0):.1f} samples/s)",
+        f"- time: {results.get('train_runtime_s', 0):.1f} s training over the whole run "
+        f"({results.get('train_samples_per_second', 0):.1f} samples/s); this process ran {wall_s:.1f} s",
         "",
-        "Flags that differ from the defaults:",
+        "The flags given:",
         "",
         "```",
         f"accelerate launch finetune/glue.py {flags}",
