@@ -324,6 +324,8 @@ def execute(run: Run) -> dict:
         results = evaluate_splits(
             accelerator, run.model, run.eval_loaders, load_metric(task, accelerator), task
         )
+        if accelerator.is_main_process:  # the evaluation's line, as a training run logs each one
+            run.log.log({"step": 0, **{k: v for k, v in results.items() if not isinstance(v, dict)}})
     predictions = None
     if run.test_loader is not None:
         predictions = predict(accelerator, run.model, run.test_loader, task, run.rows["test"])
@@ -353,7 +355,10 @@ def execute(run: Run) -> dict:
         print(json.dumps(results, indent=2))
         written = ["model, tokenizer, README.md (model card), training_curves.png"] if config.do_train else []
         written += ["predictions.jsonl"] if predictions is not None else []
-        written.append("results.json, metrics.jsonl, train_config.json")
+        logged = config.do_train or bool(run.eval_loaders)
+        written.append(
+            "results.json, metrics.jsonl, train_config.json" if logged else "results.json, train_config.json"
+        )
         print(f"{', '.join(written)}: {output_dir.resolve()}")
         if config.push_to_hub:
             print(f"pushed to {push_to_hub(config.output_dir, config.hub_model_id)}")

@@ -181,6 +181,15 @@ def describe_runtime(accelerator) -> dict:
 
 def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:
     """One line, printed once by the main process: what this job really got, every speed path named."""
+    if not config.do_train:
+        return (
+            f"world_size={accelerator.num_processes} device={accelerator.device} "
+            f"mixed_precision={accelerator.mixed_precision} evaluation only: "
+            f"per_device_eval_batch={config.per_device_eval_batch_size} padding_free={config.padding_free} "
+            f"pad_to_multiple_of={config.pad_to_multiple_of} "
+            f"torch_compile={str(config.torch_compile).lower()} torch_dtype={config.torch_dtype} "
+            f"attn_implementation={config.attn_implementation}"
+        )
     line = (
         f"world_size={accelerator.num_processes} device={accelerator.device} "
         f"mixed_precision={accelerator.mixed_precision} "

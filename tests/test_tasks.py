@@ -83,7 +83,7 @@ def test_the_other_glue_tasks_load_with_their_columns(tmp_path):
         assert set(splits) == {"train", *task.validation_splits[:1]}
 
 
-def test_custom_columns_and_inferred_labels(tiny_encoder_dir, tmp_path):
+def test_custom_columns_and_inferred_labels(tiny_encoder_dir, tmp_path, capsys):
     """A CSV with its own column names and word labels: names inferred, sorted, saved in id2label;
     the saved model then evaluates the file on its own, its label names read back from it."""
     files = write_task_files(tmp_path, "single", 480, 101)
@@ -115,6 +115,9 @@ def test_custom_columns_and_inferred_labels(tiny_encoder_dir, tmp_path):
     )  # fmt: skip
     assert again["eval_accuracy"] == results["eval_accuracy"]
     assert again["eval_samples"] == 101
+    assert "evaluation only: per_device_eval_batch=64" in capsys.readouterr().out  # no training plan
+    (logged,) = read_jsonl(tmp_path / "eval" / "metrics.jsonl")  # the evaluation, as training logs it
+    assert logged["step"] == 0 and logged["eval_accuracy"] == again["eval_accuracy"]
 
 
 def test_model_card_and_training_curves(trained, tiny_model_dir):
