@@ -27,8 +27,12 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
     columns = config.text_column_names or task.text_columns
     wanted = {
         "train": config.do_train or config.carves_validation,
-        # Carved from the training rows instead (--validation_split_percentage).
-        **dict.fromkeys(task.validation_splits if task else ("validation",), not config.carves_validation),
+        # Not when carved from the training rows (--validation_split_percentage), nor for a training run
+        # that does not evaluate.
+        **dict.fromkeys(
+            task.validation_splits if task else ("validation",),
+            not config.carves_validation and not (config.do_train and config.eval_strategy == "no"),
+        ),
         "test": config.do_predict,
     }
     splits, sources, declared = read_splits(config, task, wanted)

@@ -93,10 +93,14 @@ def cli(argv: list[str] | None = None, build=None) -> int:
         return 2 if isinstance(error, ConfigError) else 1
     except TrainingInterrupted as stopped:
         return stopped.exit_code  # the main process already said where the checkpoint is
-    except KeyboardInterrupt:  # Ctrl-C before training started (reading data, loading the model)
+    except KeyboardInterrupt:  # Ctrl-C outside training's own handler (loading, evaluating, exporting)
         if config is not None and config.debug:
             raise
-        print("error: interrupted before training started; nothing was saved", file=sys.stderr)
+        print(
+            "error: interrupted by Ctrl-C; the run did not finish (no results.json); its checkpoints, if "
+            "any, continue with --resume_from_checkpoint auto",
+            file=sys.stderr,
+        )
         return 130
     return 0
 

@@ -34,10 +34,11 @@ def check_output_dir(config: TrainConfig, resuming: bool) -> None:
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir} is a file; give a folder path")
     model = Path(config.model_name_or_path)
-    if model.is_dir() and output_dir.is_dir() and output_dir.resolve() == model.resolve():
+    if model.is_dir() and output_dir.is_dir() and model.resolve().is_relative_to(output_dir.resolve()):
+        where = "is" if model.resolve() == output_dir.resolve() else "holds"
         raise ConfigError(
-            f"--output_dir {output_dir} is the --model_name_or_path folder: this run would write over the "
-            "model it reads and that model's run record; choose another --output_dir"
+            f"--output_dir {output_dir} {where} the --model_name_or_path folder: this run would write over "
+            "the model it reads and its run record; choose another --output_dir"
         )
     try:
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -263,16 +263,18 @@ def test_finished_output_dir_is_refused_and_kept(tiny_model_dir, nli_files, fini
     )
 
 
+@pytest.mark.parametrize("model", ["", "best_model"], ids=["the folder", "its best model"])
 @pytest.mark.parametrize(
     "extra", [("--do_train", "false"), ("--overwrite_output_dir",)], ids=["evaluate", "train"]
 )
-def test_the_models_own_folder_is_never_the_output_dir(nli_files, finished, capsys, extra):
-    """Evaluating a finished run's model into its own folder would replace its run record."""
-    args = [*tiny_args(finished, nli_files, finished), *extra]
+def test_the_models_own_folder_is_never_the_output_dir(nli_files, finished, capsys, extra, model):
+    """Evaluating a finished run's model (or its best model) into that run's folder would replace its
+    run record, and --overwrite_output_dir would delete the model being read."""
+    args = [*tiny_args(finished / model, nli_files, finished), *extra]
     last = fails_cleanly(args, finished, "", capsys, exit_code=2)
     assert last == (
-        f"error: --output_dir {finished} is the --model_name_or_path folder: this run would write over the "
-        "model it reads and that model's run record; choose another --output_dir"
+        f"error: --output_dir {finished} {'holds' if model else 'is'} the --model_name_or_path folder: this "
+        "run would write over the model it reads and its run record; choose another --output_dir"
     )
 
 
@@ -426,7 +428,10 @@ def test_ctrl_c_while_reading_the_data_is_one_line(
     monkeypatch.setattr(finetune.mnli, "load_splits", interrupted)
     out = tmp_path / "out"
     last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, out), finished, "", capsys, exit_code=130)
-    assert last == "error: interrupted before training started; nothing was saved"
+    assert last == (
+        "error: interrupted by Ctrl-C; the run did not finish (no results.json); its checkpoints, if any, "
+        "continue with --resume_from_checkpoint auto"
+    )
     assert not list(out.iterdir())  # the folder's lock is given back
 
 

@@ -114,3 +114,11 @@ def test_an_unreachable_dataset_is_one_line(tiny_model_dir, tmp_path, capsys):
     assert "--task_name custom: give local files (--train_file, --validation_file) or --dataset_name" in (
         capsys.readouterr().err
     )
+
+
+def test_a_dataset_without_validation_trains_when_nothing_is_evaluated(tiny_model_dir, news_folder, tmp_path):
+    out = tmp_path / "out"
+    results = main(
+        dataset_args(tiny_model_dir, news_folder, out, "--eval_strategy", "no", "--ignore_mismatched_sizes")
+    )
+    assert results["global_step"] == 4 and "eval_accuracy" not in results
