@@ -87,6 +87,20 @@ def model_signature(model_name_or_path: str, model) -> str:
     return f"{model_name_or_path} ({count:,} parameters, shapes {shapes.hexdigest()[:12]})"
 
 
+def same_model(saved: str, now: str) -> bool:
+    """Two model signatures name the same model: the same parameters, from the same place however
+    the path was written (relative, absolute, through a link)."""
+    (saved_path, saved_shapes), (path, shapes) = (s.rsplit(" (", 1) for s in (saved, now))
+    return saved_shapes == shapes and same_path(saved_path, path)
+
+
+def same_path(a: str | None, b: str | None) -> bool:
+    """Equal as written, or the same existing file or folder."""
+    return a == b or (
+        a is not None and b is not None and Path(a).exists() and Path(a).resolve() == Path(b).resolve()
+    )
+
+
 # What `training` holds, and how a message names each entry.
 TRAINING_KEYS = {
     "task_name": "--task_name",
@@ -319,7 +333,7 @@ def damage(path: Path) -> str | None:
 
 def load_checkpoint(accelerator, path: Path, world_size: int, signature: str, training: dict) -> TrainState:
     record = json.loads((path / STATE_FILE).read_text())
-    if record.get("model_signature") not in (None, signature):
+    if record.get("model_signature") is not None and not same_model(record["model_signature"], signature):
         raise ConfigError(
             f"--resume_from_checkpoint {path} was saved from a different model: {record['model_signature']}; "
             f"this run builds {signature}"

@@ -455,6 +455,10 @@ class TrainConfig:
                 f"got {self.metric_for_best_model!r}"
             )
         self._check_evaluation_schedule()
+        if self.overwrite_output_dir and self.resume_from_checkpoint:
+            raise ConfigError(
+                "--overwrite_output_dir starts the run over and --resume_from_checkpoint continues it: give one"
+            )
         if self.text_columns is not None and not 1 <= len(self.text_column_names) <= 2:
             raise ConfigError(f"--text_columns takes 1 or 2 comma-separated names, got {self.text_columns!r}")
         if self.task_name == "custom" and not self.text_columns:

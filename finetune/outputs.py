@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from finetune.checkpoint import BEST_MODEL_DIR, PREFIX, complete_checkpoints
+from finetune.checkpoint import BEST_MODEL_DIR, PREFIX, complete_checkpoints, same_path
 from finetune.config import ConfigError, TrainConfig
 from finetune.lora import ADAPTER_DIR
 from finetune.modeling import TOKENIZER_FILES
@@ -64,10 +64,15 @@ def check_output_dir(config: TrainConfig, resuming: bool) -> None:
         )
 
 
-# What makes a relaunch the same run as the finished one (values train_config.json keeps as given).
-SAME_RUN = ("task_name", "model_name_or_path", "dataset_name", "train_file", "validation_file",
-            "learning_rate", "seed", "per_device_train_batch_size", "gradient_accumulation_steps",
-            "num_train_epochs", "max_train_steps", "max_length")  # fmt: skip
+# What makes a relaunch the same run as the finished one: what a checkpoint's resume compares, as
+# train_config.json records it (values as given; the paths compared as places).
+SAME_RUN = ("task_name", "dataset_config_name", "text_columns", "label_column", "max_train_samples",
+            "validation_split_percentage", "group_by_length", "learning_rate", "lr_scheduler_type",
+            "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2",
+            "adam_epsilon", "label_smoothing_factor", "class_weights", "seed", "per_device_train_batch_size",
+            "gradient_accumulation_steps", "num_train_epochs", "max_train_steps", "max_length", "use_peft",
+            "lora_r", "lora_alpha", "lora_dropout")  # fmt: skip
+SAME_PLACE = ("model_name_or_path", "dataset_name", "train_file", "validation_file")
 
 
 def finished_run(config: TrainConfig) -> dict | None:
@@ -82,12 +87,15 @@ def finished_run(config: TrainConfig) -> dict | None:
         recorded = json.loads((folder / "train_config.json").read_text())
     except (OSError, ValueError):
         return None
-    if any(recorded.get(key) != getattr(config, key) for key in SAME_RUN):
+    if any(recorded.get(key) != getattr(config, key) for key in SAME_RUN) or not all(
+        same_path(recorded.get(key), getattr(config, key)) for key in SAME_PLACE
+    ):
         return None
     if launcher_rank() == 0:
         print(
             f"{config.output_dir} holds a finished run (results.json, step {finished.get('global_step')}): "
-            "nothing to resume; --overwrite_output_dir starts it over",
+            "nothing to resume; to start it over, drop --resume_from_checkpoint and pass "
+            "--overwrite_output_dir",
             flush=True,
         )
     return finished

@@ -13,8 +13,9 @@ import signal
 
 import pytest
 
-from finetune.config import ConfigError
+from finetune.config import ConfigError, parse_config
 from finetune.mnli import cli, main, setup
+from finetune.outputs import finished_run
 from tests.helpers import PYTHON, run_cli, tiny_args, with_fault
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
@@ -213,6 +214,10 @@ CASES = {
         lambda a, t: with_flag(a, "--checkpointing_steps", "often"),
         "--checkpointing_steps must be a positive integer or 'epoch'",
     ),
+    "overwrite and resume": (
+        lambda a, t: [*a, "--overwrite_output_dir", "--resume_from_checkpoint", "auto"],
+        "--overwrite_output_dir starts the run over and --resume_from_checkpoint continues it: give one",
+    ),
     "resume from nothing": (
         lambda a, t: with_flag(a, "--resume_from_checkpoint", str(t / "nothing")),
         "nothing does not exist; give a checkpoint-N folder, or 'auto'",
@@ -288,10 +293,15 @@ def test_a_finished_run_relaunched_with_resume_auto_changes_nothing(
     )
     assert cli([*args, "--resume_from_checkpoint", "auto"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == (
-        f"{finished} holds a finished run (results.json, step 10): nothing to resume; --overwrite_output_dir "
-        "starts it over"
+        f"{finished} holds a finished run (results.json, step 10): nothing to resume; to start it over, drop "
+        "--resume_from_checkpoint and pass --overwrite_output_dir"
     )
     assert snapshot(finished) == before
+    # Not the same run: another warmup, or the model named by another path to the same folder.
+    relaunched = [*args, "--resume_from_checkpoint", "auto"]
+    assert finished_run(parse_config([*relaunched, "--warmup_steps", "3"])) is None
+    relative = os.path.relpath(tiny_model_dir)
+    assert finished_run(parse_config(with_flag(relaunched, "--model_name_or_path", relative))) is not None
 
 
 def test_resume_from_a_partial_checkpoint(tiny_model_dir, nli_files, finished, tmp_path, capsys):

@@ -297,3 +297,13 @@ def test_random_bytes_of_the_same_size_are_damage_not_an_unsafe_pickle(unbroken,
     file = checkpoint / "optimizer.bin"
     file.write_bytes(os.urandom(file.stat().st_size))
     assert damage(checkpoint) == "optimizer.bin is damaged (checksum differs)"
+
+
+def test_a_model_named_by_another_path_is_the_same_model(tiny_model_dir, monkeypatch):
+    from finetune.checkpoint import same_model
+
+    monkeypatch.chdir(tiny_model_dir.parent)
+    shapes = " (999 parameters, shapes 0123456789ab)"
+    assert same_model(f"{tiny_model_dir}{shapes}", f"{tiny_model_dir.name}{shapes}")
+    assert not same_model(f"{tiny_model_dir}{shapes}", f"{tiny_model_dir}{shapes.replace('0123', '9999')}")
+    assert not same_model(f"elsewhere{shapes}", f"{tiny_model_dir.name}{shapes}")
