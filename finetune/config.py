@@ -225,8 +225,9 @@ class TrainConfig:
     warmup_ratio: float = _help(
         "Fraction of optimizer steps spent warming up the learning rate.", default=0.1
     )
-    warmup_steps: int = _help(
-        "Optimizer steps of learning-rate warmup; above 0 it overrides --warmup_ratio (HF Trainer's rule).",
+    warmup_steps: float = _help(
+        "Learning-rate warmup as optimizer steps, or below 1 as a fraction of them (HF Trainer 5's rule); "
+        "above 0 it overrides --warmup_ratio.",
         default=0,
     )
     label_smoothing_factor: float = _help(
@@ -421,10 +422,13 @@ class TrainConfig:
             raise ConfigError(f"--learning_rate must be > 0, got {self.learning_rate}")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ConfigError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.warmup_steps < 0:
+        if self.warmup_steps < 0 or (self.warmup_steps >= 1 and not float(self.warmup_steps).is_integer()):
             raise ConfigError(
-                f"--warmup_steps must be >= 0 (0: --warmup_ratio decides), got {self.warmup_steps}"
+                f"--warmup_steps must be a whole number of steps, a fraction below 1, or 0 (--warmup_ratio "
+                f"decides), got {self.warmup_steps}"
             )
+        if float(self.warmup_steps).is_integer():
+            self.warmup_steps = int(self.warmup_steps)  # shown as 5, not 5.0
         if not 0.0 <= self.label_smoothing_factor < 1.0:
             raise ConfigError(
                 f"--label_smoothing_factor must be in [0, 1), got {self.label_smoothing_factor}"
@@ -457,7 +461,8 @@ class TrainConfig:
         self._check_evaluation_schedule()
         if self.overwrite_output_dir and self.resume_from_checkpoint:
             raise ConfigError(
-                "--overwrite_output_dir starts the run over and --resume_from_checkpoint continues it: give one"
+                "--overwrite_output_dir starts the run over and --resume_from_checkpoint continues it: "
+                "give one"
             )
         if self.text_columns is not None and not 1 <= len(self.text_column_names) <= 2:
             raise ConfigError(f"--text_columns takes 1 or 2 comma-separated names, got {self.text_columns!r}")

@@ -30,9 +30,10 @@ def plan_steps(
     num_train_epochs: float,
     max_train_steps: int | None = None,
     warmup_ratio: float = 0.0,
-    warmup_steps: int = 0,
+    warmup_steps: float = 0,
 ) -> StepPlan:
-    """`warmup_steps` above 0 overrides `warmup_ratio`, as in HF Trainer. Fractional epochs (0.5, 1.5)
+    """`warmup_steps` above 0 overrides `warmup_ratio`, as in HF Trainer (below 1: a fraction of the
+    updates, HF Trainer 5's form). Fractional epochs (0.5, 1.5)
     are HF Trainer's too: ceil(updates_per_epoch * epochs) updates, over ceil(epochs) epochs of which
     the last stops part-way, as with max_train_steps."""
     # Accelerate shards whole batches round-robin and, with even_batches, gives every process
@@ -52,7 +53,9 @@ def plan_steps(
         micro_batches_per_epoch=micro,
         updates_per_epoch=updates_per_epoch,
         total_updates=total,
-        warmup_updates=warmup_steps if warmup_steps > 0 else math.ceil(warmup_ratio * total),
+        warmup_updates=int(warmup_steps)
+        if warmup_steps >= 1
+        else math.ceil((warmup_steps or warmup_ratio) * total),
         num_epochs=epochs,
         global_batch_size=per_device_batch_size * gradient_accumulation_steps * world_size,
     )

@@ -42,6 +42,7 @@ def test_max_train_steps_overrides_epochs_and_sizes_warmup():
     assert plan_steps(1000, 32, 1, 1, 1, warmup_ratio=0.06).warmup_updates == 2  # ceil(0.06 * 32)
     # HF Trainer's rule: warmup_steps above 0 wins over the ratio.
     assert plan_steps(1000, 32, 1, 1, 1, warmup_ratio=0.06, warmup_steps=5).warmup_updates == 5
+    assert plan_steps(1000, 32, 1, 1, 1, warmup_ratio=0.06, warmup_steps=0.25).warmup_updates == 8  # of 32
 
 
 @pytest.mark.parametrize(("samples", "batch", "accum"), [(103, 8, 3), (96, 8, 4), (20, 8, 5)])
