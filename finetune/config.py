@@ -505,6 +505,7 @@ class TrainConfig:
                     f"--{name} {path}: unsupported extension; use one of {', '.join(DATA_EXTENSIONS)}"
                 )
         self._check_label_flags()
+        self._check_data_sources()
         if self.uses_local_files:
             if self.do_train and not self.train_file:
                 raise ConfigError("training on local files needs --train_file")
@@ -529,6 +530,32 @@ class TrainConfig:
             raise ConfigError(
                 "--task_name custom: give local files (--train_file, --validation_file) or --dataset_name (a "
                 "Hub dataset id or a local folder of data files)"
+            )
+
+    def _check_data_sources(self) -> None:
+        split_names = {
+            "train_split_name": "train",
+            "validation_split_name": "validation",
+            "test_split_name": "test",
+        }
+        renamed = [f"--{flag}" for flag, default in split_names.items() if getattr(self, flag) != default]
+        if self.uses_local_files and self.dataset_name != GLUE_DATASET:
+            raise ConfigError(
+                "--dataset_name and local files (--train_file, ...) name two sources of rows: give one"
+            )
+        if renamed and (self.uses_local_files or self.task_name != "custom"):
+            raise ConfigError(
+                f"{renamed[0]} names a split of a custom task's --dataset_name; GLUE tasks and local files "
+                "have their own: drop it"
+            )
+        if (
+            self.do_train
+            and self.eval_strategy != "no"
+            and self.train_split_name == self.validation_split_name
+        ):
+            raise ConfigError(
+                f"--validation_split_name {self.validation_split_name} is the training split: the run would "
+                "judge itself on its training rows; name another split or use --validation_split_percentage"
             )
 
     def _check_label_flags(self) -> None:

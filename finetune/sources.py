@@ -43,7 +43,15 @@ def read_splits(
         splits["test"] = splits["test"].remove_columns("label")  # GLUE hides test labels (-1); unused here
     declared = None
     if task is None:
-        declared = next((_class_label(s) for n, s in splits.items() if n != "test" and _class_label(s)), None)
+        labelled = {n: _class_label(s) for n, s in splits.items() if n != "test" and _class_label(s)}
+        first = next(iter(labelled), None)
+        declared = labelled.get(first)
+        for split, names in labelled.items():
+            if names.names != declared.names:  # the same id would mean another label in each split
+                raise ConfigError(
+                    f"{sources[split]}: its ClassLabel names {names.names} are not those of "
+                    f"{sources[first]} {declared.names}; save the splits with one ClassLabel"
+                )
         splits = {n: _class_labels_as_names(s) for n, s in splits.items()}
     return splits, sources, declared and tuple(declared.names)
 
@@ -52,14 +60,29 @@ def _load_dataset_splits(config: TrainConfig, task: Task | None, wanted: dict, c
     """--dataset_name's splits. GLUE tasks: the Hub's own split names; a custom task: the ones
     --train_split_name, --validation_split_name and --test_split_name give."""
     name, subset = config.dataset_name, config.dataset_config_name
+    named = (
+        f"--task_name {config.task_name} reads {name} (--dataset_name)" if task else f"--dataset_name {name}"
+    )
+    if Path(name).is_file():
+        raise ConfigError(
+            f"--dataset_name {name} is a file: give it as --train_file (--validation_file, ...)"
+        )
+    if name.startswith((".", "/", "~")) and not Path(name).exists():
+        raise ConfigError(f"--dataset_name {name}: no such folder; check the path")
     try:
         dataset = load_dataset(name, subset)
     except (ConnectionError, FileNotFoundError, ValueError, DatasetGenerationError) as error:
         detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
-        raise ConfigError(
-            f"--dataset_name {name}: cannot load it ({detail}); give a Hub id with Hub access (unset "
-            "HF_DATASETS_OFFLINE), a local folder of data files, or local files (--train_file ...)"
-        ) from None
+        if Path(name).exists() or name.startswith((".", "/", "~")):
+            fix = "give a folder of data files of one format (.jsonl, .csv, .parquet) named by split"
+        elif subset and "BuilderConfig" in detail:
+            fix = f"check --dataset_config_name {subset}"
+        else:
+            fix = (
+                "give Hub access (unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE), a local folder of data "
+                "files, or local files (--train_file, --validation_file)"
+            )
+        raise ConfigError(f"{named}: cannot load it ({detail}); {fix}") from None
     named = {"train": "train", "test": "test", **{s: s for s in (task.validation_splits if task else ())}}
     if task is None:
         named = {

@@ -108,7 +108,7 @@ def test_an_unreachable_dataset_is_one_line(tiny_model_dir, tmp_path, capsys):
         capsys.readouterr()
         .err.strip()
         .splitlines()[-1]
-        .startswith("error: --dataset_name nyu-mll/glue: cannot load it (")
+        .startswith("error: --task_name mnli reads nyu-mll/glue (--dataset_name): cannot load it (")
     )
     assert cli([*args, "--task_name", "custom", "--text_columns", "premise"]) == 2
     assert "--task_name custom: give local files (--train_file, --validation_file) or --dataset_name" in (
@@ -122,3 +122,40 @@ def test_a_dataset_without_validation_trains_when_nothing_is_evaluated(tiny_mode
         dataset_args(tiny_model_dir, news_folder, out, "--eval_strategy", "no", "--ignore_mismatched_sizes")
     )
     assert results["global_step"] == 4 and "eval_accuracy" not in results
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--dataset_name", "{folder}/train.parquet"], "train.parquet is a file: give it as --train_file"),
+        (["--dataset_name", "./no/such/folder"], "--dataset_name ./no/such/folder: no such folder"),
+        (
+            ["--train_file", "{folder}/train.parquet"],
+            "--dataset_name and local files (--train_file, ...) name two",
+        ),
+        (["--validation_split_name", "train"], "--validation_split_name train is the training split"),
+    ],
+)
+def test_dataset_flags_that_would_be_ignored_or_misread_are_refused(
+    tiny_model_dir, news_folder, tmp_path, capsys, flags, message
+):
+    flags = [f.format(folder=news_folder) for f in flags]
+    capsys.readouterr()
+    assert cli(dataset_args(tiny_model_dir, news_folder, tmp_path / "out", *flags)) == 2
+    assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_split_files_with_other_class_label_orders_are_refused(tiny_model_dir, tmp_path, capsys):
+    """The same id would be another label in each file: it trained to a loss near 0 and scored 0."""
+    for split, names in (("train", ["neg", "pos"]), ("validation", ["pos", "neg"])):
+        features = Features({"text": Value("string"), "label": ClassLabel(names=names)})
+        rows = {"text": [f"row {i}" for i in range(8)], "label": [i % 2 for i in range(8)]}
+        Dataset.from_dict(rows, features=features).to_parquet(tmp_path / f"{split}.parquet")
+    files = {"train": tmp_path / "train.parquet", "validation": tmp_path / "validation.parquet"}
+    flags = ["--task_name", "custom", "--text_columns", "text", "--ignore_mismatched_sizes"]
+    capsys.readouterr()
+    assert cli(tiny_args(tiny_model_dir, files, tmp_path / "out", *flags)) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {files['validation']}: its ClassLabel names ['pos', 'neg'] are not those of "
+        f"{files['train']} ['neg', 'pos']; save the splits with one ClassLabel"
+    )
