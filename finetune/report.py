@@ -69,7 +69,7 @@ def write_model_card(
     data = (
         {"train": config.train_file, "validation": config.validation_file or _held_out(config)}
         if config.uses_local_files
-        else {"Hub" if from_hub else "dataset folder": f"{config.dataset_name}{subset}"}
+        else {"Hub" if from_hub else "local": f"{config.dataset_name}{subset}"}
     )
     flags = " ".join(f"--{k} {as_flag_value(v)}" for k, v in changed_flags(config).items())
     labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)

@@ -60,7 +60,7 @@ def test_a_dataset_folder_trains_with_its_own_label_names(tiny_model_dir, news_f
     predictions = read_jsonl(out / "predictions.jsonl")
     assert len(predictions) == 20 and {p["label"] for p in predictions} <= set(TOPICS)
     card = (out / "README.md").read_text()
-    assert f"- dataset folder data: `{news_folder}`" in card
+    assert f"- local data: `{news_folder}`" in card
     assert "datasets:" not in card  # the card's Hub metadata names Hub datasets only
 
 
