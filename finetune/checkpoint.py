@@ -348,7 +348,11 @@ def load_checkpoint(accelerator, path: Path, world_size: int, signature: str, tr
     differ = [key for key in TRAINING_KEYS if key in saved and saved[key] != training[key]]
     if differ:
         then, now = (
-            ", ".join(f"{TRAINING_KEYS[k]} {values[k]}" for k in differ) for values in (saved, training)
+            ", ".join(
+                f"{TRAINING_KEYS[k]} {str(values[k]).lower() if isinstance(values[k], bool) else values[k]}"
+                for k in differ
+            )
+            for values in (saved, training)
         )
         raise ConfigError(
             f"--resume_from_checkpoint {path} was saved by a run with {then}; this run has {now}; resume "

@@ -204,7 +204,7 @@ def test_auto_refuses_a_checkpoint_of_another_learning_rate(
     # Other rows or other batches mid-epoch would train some rows twice and others never.
     regrouped = with_flag(with_flag(args, "--group_by_length", "false"), "--max_train_samples", "150")
     last = fails_cleanly(regrouped, out, "", capsys, exit_code=2)
-    assert "this run has training rows 150, --group_by_length False;" in last
+    assert "this run has training rows 150, --group_by_length false;" in last
 
 
 def test_an_mnli_run_does_not_resume_a_custom_tasks_checkpoint(tiny_model_dir, nli_files, tmp_path, capsys):
