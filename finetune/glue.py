@@ -11,6 +11,10 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path[0] = str(Path(__file__).resolve().parents[1])
+if __name__ == "__main__":
+    from finetune.interrupt import quiet_ctrl_c_while_starting
+
+    quiet_ctrl_c_while_starting()  # before the seconds of imports below
 
 from finetune.mnli import cli
 

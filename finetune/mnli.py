@@ -8,13 +8,19 @@ another GLUE task or your own files (`finetune/glue.py` is the same run under a 
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 if __package__ in (None, ""):
     # Run as a file: import this checkout's package, and keep finetune/ itself off sys.path.
     sys.path[0] = str(Path(__file__).resolve().parents[1])
+if __name__ == "__main__":
+    from finetune.interrupt import quiet_ctrl_c_while_starting
+
+    quiet_ctrl_c_while_starting()  # before the seconds of imports below
 
 import torch
 from accelerate.utils import set_seed
@@ -82,6 +88,8 @@ def cli(argv: list[str] | None = None, build=None) -> int:
     """The command line: a mistake or failure the user can act on is one line on stderr
     (with `--debug`, its traceback)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again, handled below
     config = None
     try:
         config = parse_config(argv)

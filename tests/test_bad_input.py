@@ -16,7 +16,7 @@ import pytest
 from finetune.config import ConfigError, parse_config
 from finetune.mnli import cli, main, setup
 from finetune.outputs import finished_run
-from tests.helpers import PYTHON, run_cli, tiny_args, with_fault
+from tests.helpers import PYTHON, REPO, run_cli, tiny_args, with_fault
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
 
@@ -443,6 +443,24 @@ def test_ctrl_c_while_reading_the_data_is_one_line(
         "continue with --resume_from_checkpoint auto"
     )
     assert not list(out.iterdir())  # the folder's lock is given back
+
+
+@pytest.mark.subprocess
+def test_ctrl_c_while_the_script_starts_is_one_line(good, tmp_path):
+    """Ctrl-C during the seconds of imports (torch, transformers), before `cli` runs."""
+    import subprocess
+    import time
+
+    process = subprocess.Popen(
+        [*ENTRY, *with_flag(good, "--output_dir", str(tmp_path / "out"))],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    time.sleep(0.5)  # importing torch alone takes longer
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("error: interrupted by Ctrl-C")
 
 
 @pytest.mark.parametrize("spelling", [["--debug", "true"], ["--debug=true"], ["--debug"], ["yaml"]])
