@@ -509,11 +509,7 @@ class TrainConfig:
         if self.uses_local_files:
             if self.do_train and not self.train_file:
                 raise ConfigError("training on local files needs --train_file")
-            if (
-                self.do_train
-                and self.eval_strategy != "no"
-                and not (self.validation_file or self.carves_validation)
-            ):
+            if self.evaluates_training and not (self.validation_file or self.carves_validation):
                 raise ConfigError(
                     "training on local files needs --validation_file (it judges the run), or "
                     "--validation_split_percentage, or --eval_strategy no to train without evaluating"
@@ -548,11 +544,7 @@ class TrainConfig:
                 f"{renamed[0]} names a split of a custom task's --dataset_name; GLUE tasks and local files "
                 "have their own: drop it"
             )
-        if (
-            self.do_train
-            and self.eval_strategy != "no"
-            and self.train_split_name == self.validation_split_name
-        ):
+        if self.evaluates_training and self.train_split_name == self.validation_split_name:
             raise ConfigError(
                 f"--validation_split_name {self.validation_split_name} is the training split: the run would "
                 "judge itself on its training rows; name another split or use --validation_split_percentage"
@@ -601,6 +593,11 @@ class TrainConfig:
         if self.train_file:
             return f"--train_file {self.train_file}"
         return f"--dataset_name {self.dataset_name} (split {self.train_split_name})"
+
+    @property
+    def evaluates_training(self) -> bool:
+        """Training, judged on validation rows as it goes (--eval_strategy other than no)."""
+        return self.do_train and self.eval_strategy != "no"
 
     @property
     def carves_validation(self) -> bool:

@@ -31,7 +31,7 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
         # that does not evaluate.
         **dict.fromkeys(
             task.validation_splits if task else ("validation",),
-            not config.carves_validation and not (config.do_train and config.eval_strategy == "no"),
+            not config.carves_validation and (config.evaluates_training or not config.do_train),
         ),
         "test": config.do_predict,
     }

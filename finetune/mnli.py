@@ -166,8 +166,9 @@ def setup(config: TrainConfig) -> Run:
     loaders = build_dataloaders(
         tokenized, tokenizer, config, world_size, on_gpu, position_offset=varlen_position_offset(model)
     )
-    plan = plan_steps(  # no training: a plan of zero updates
-        len(tokenized["train"]) if config.do_train else 0,
+    train_rows = len(tokenized["train"]) if config.do_train else 0  # no training: a plan of zero updates
+    plan = plan_steps(
+        train_rows,
         config.per_device_train_batch_size,
         config.gradient_accumulation_steps,
         world_size,
@@ -182,9 +183,7 @@ def setup(config: TrainConfig) -> Run:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     loaders = {name: accelerator.prepare(loader) for name, loader in loaders.items()}
     train_loader, test_loader = loaders.pop("train", None), loaders.pop("test", None)
-    training = training_config(
-        config, task, plan, world_size, len(tokenized["train"]) if config.do_train else 0
-    )
+    training = training_config(config, task, plan, world_size, train_rows)
     state = load_checkpoint(accelerator, resume, world_size, signature, training) if resume else TrainState()
     state.model_signature, state.training = signature, training
 
@@ -237,7 +236,7 @@ def resolve_metric_for_best_model(config: TrainConfig, task, splits: dict) -> No
     config.metric_for_best_model = config.metric_for_best_model or (measured[0] if measured else None)
     if config.greater_is_better is None and config.metric_for_best_model:
         config.greater_is_better = greater_is_better_default(config.metric_for_best_model)
-    if config.do_train and config.eval_strategy != "no" and config.metric_for_best_model not in measured:
+    if config.evaluates_training and config.metric_for_best_model not in measured:
         raise ConfigError(
             f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
         )

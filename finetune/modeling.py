@@ -110,9 +110,8 @@ def settle_label_order(
             return replace(task, label_names=tuple(ours[name.lower()] for name in head)), False
     theirs = "one regression score" if head == REGRESSION_HEAD else "/".join(head)
     wanted = "one regression score" if task.is_regression else "/".join(task.label_names)
-    mismatch = f"--model_name_or_path {model}: its head predicts {theirs}, the task's labels are {wanted}"
-    if task.is_regression:
-        mismatch = f"--model_name_or_path {model}: its head predicts {theirs}, the task predicts {wanted}"
+    task_has = "the task predicts" if task.is_regression else "the task's labels are"
+    mismatch = f"--model_name_or_path {model}: its head predicts {theirs}, {task_has} {wanted}"
     if not training:
         raise ConfigError(f"{mismatch}; evaluate a model trained for this task")
     if not ignore_mismatched_sizes:

@@ -43,7 +43,8 @@ def read_splits(
         splits["test"] = splits["test"].remove_columns("label")  # GLUE hides test labels (-1); unused here
     declared = None
     if task is None:
-        labelled = {n: _class_label(s) for n, s in splits.items() if n != "test" and _class_label(s)}
+        found = {n: _class_label(s) for n, s in splits.items() if n != "test"}
+        labelled = {n: names for n, names in found.items() if names is not None}
         first = next(iter(labelled), None)
         declared = labelled.get(first)
         for split, names in labelled.items():
