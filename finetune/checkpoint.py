@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import pickle
@@ -18,10 +17,10 @@ from accelerate.utils import load as safe_load  # torch.load(weights_only=True) 
 from safetensors import SafetensorError, safe_open
 
 from finetune.config import ConfigError
+from finetune.identity import refuse_other_run
 from finetune.lora import (
     ADAPTER_DIR,
     is_peft_model,
-    lora_settings,
     save_merged_and_adapter,
     with_adapter_weights,
 )
@@ -66,10 +65,8 @@ class TrainState:
     """Evaluations in a row that did not beat best_metric by more than --early_stopping_threshold."""
     tracker_run_id: str | None = None
     """W&B run id: a resumed run continues the same W&B run."""
-    model_signature: str | None = None
-    """Model name, parameter count and a hash of parameter names and shapes; resume checks it."""
-    training: dict | None = None
-    """What makes a resumed run the same run (task, labels, batch plan, schedule, seed); resume checks it."""
+    identity: dict | None = None
+    """What makes a resumed run the same run (identity.run_identity); resume compares it, and nothing else."""
     train_runtime_s: float = 0.0
     """Training seconds up to this checkpoint, summed over the run's segments (a resumed run starts a new
     one); evaluation excluded. results.json's train_runtime_s is this at the end of the run."""
@@ -79,77 +76,6 @@ class TrainState:
     """The logging window open at this checkpoint (steps since the last metrics.jsonl loss line), summed
     over processes: {"loss_sum", "samples", "tokens", "seconds"}. A resumed run continues it, so its next
     loss line, and the run's samples and tokens, are those of a run never interrupted."""
-
-
-def model_signature(model_name_or_path: str, model) -> str:
-    shapes = hashlib.sha256(repr([(n, tuple(p.shape)) for n, p in model.named_parameters()]).encode())
-    count = sum(p.numel() for p in model.parameters())
-    return f"{model_name_or_path} ({count:,} parameters, shapes {shapes.hexdigest()[:12]})"
-
-
-def same_model(saved: str, now: str) -> bool:
-    """Two model signatures name the same model: the same parameters, from the same place however
-    the path was written (relative, absolute, through a link)."""
-    (saved_path, saved_shapes), (path, shapes) = (s.rsplit(" (", 1) for s in (saved, now))
-    return saved_shapes == shapes and same_path(saved_path, path)
-
-
-def same_path(a: str | None, b: str | None) -> bool:
-    """Equal as written, or the same existing file or folder."""
-    return a == b or (
-        a is not None and b is not None and Path(a).exists() and Path(a).resolve() == Path(b).resolve()
-    )
-
-
-# What `training` holds, and how a message names each entry.
-TRAINING_KEYS = {
-    "task_name": "--task_name",
-    "labels": "labels",
-    "train_rows": "training rows",
-    "group_by_length": "--group_by_length",
-    "per_device_train_batch_size": "--per_device_train_batch_size",
-    "gradient_accumulation_steps": "--gradient_accumulation_steps",
-    "world_size": "processes",
-    "total_updates": "total optimizer steps",
-    "learning_rate": "--learning_rate",
-    "lr_scheduler_type": "--lr_scheduler_type",
-    "warmup_updates": "warmup steps",
-    "weight_decay": "--weight_decay",
-    "max_grad_norm": "--max_grad_norm",
-    "adam": "--adam_beta1/--adam_beta2/--adam_epsilon",
-    "label_smoothing_factor": "--label_smoothing_factor",
-    "seed": "--seed",
-    "max_length": "--max_length",
-    "class_weights": "--class_weights",
-    "lora": "LoRA",
-}
-
-
-def training_config(config, task, plan, world_size: int, train_rows: int) -> dict:
-    """This run's `TrainState.training`: a checkpoint resumes only into a run with the same one (the
-    rows and their batching too: mid-epoch, other batches would train some rows twice, some never)."""
-    return {
-        "task_name": task.name,
-        "labels": ("/".join(task.label_names) if task.label_names else "none (regression)")
-        + (" (multi-label)" if task.multi_label else ""),
-        "train_rows": train_rows,
-        "group_by_length": config.group_by_length,
-        "per_device_train_batch_size": config.per_device_train_batch_size,
-        "gradient_accumulation_steps": config.gradient_accumulation_steps,
-        "world_size": world_size,
-        "total_updates": plan.total_updates,
-        "learning_rate": config.learning_rate,
-        "lr_scheduler_type": config.lr_scheduler_type,
-        "warmup_updates": plan.warmup_updates,
-        "weight_decay": config.weight_decay,  # else the optimizer state's own would silently win
-        "max_grad_norm": config.max_grad_norm,
-        "adam": f"{config.adam_beta1}/{config.adam_beta2}/{config.adam_epsilon}",
-        "label_smoothing_factor": config.label_smoothing_factor,
-        "seed": config.seed,
-        "max_length": config.max_length,
-        "class_weights": config.class_weights or "none",
-        "lora": lora_settings(config),
-    }
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -331,33 +257,14 @@ def damage(path: Path) -> str | None:
     return problems[0] if problems else None
 
 
-def load_checkpoint(accelerator, path: Path, world_size: int, signature: str, training: dict) -> TrainState:
+def load_checkpoint(accelerator, path: Path, identity: dict) -> TrainState:
+    """Collective: the training state of `path`, into the prepared model, optimizer and schedule; only
+    into the run that saved it (the same `identity`)."""
     record = json.loads((path / STATE_FILE).read_text())
-    if record.get("model_signature") is not None and not same_model(record["model_signature"], signature):
-        raise ConfigError(
-            f"--resume_from_checkpoint {path} was saved from a different model: {record['model_signature']}; "
-            f"this run builds {signature}"
-        )
-    saved_world_size = record.pop("world_size")
-    if saved_world_size != world_size:
-        raise ConfigError(
-            f"--resume_from_checkpoint {path}: saved with {saved_world_size} processes, this run has "
-            f"{world_size}; exact resume needs the same number"
-        )
-    saved = record.get("training") or {}  # None: saved before runs recorded it
-    differ = [key for key in TRAINING_KEYS if key in saved and saved[key] != training[key]]
-    if differ:
-        then, now = (
-            ", ".join(
-                f"{TRAINING_KEYS[k]} {str(values[k]).lower() if isinstance(values[k], bool) else values[k]}"
-                for k in differ
-            )
-            for values in (saved, training)
-        )
-        raise ConfigError(
-            f"--resume_from_checkpoint {path} was saved by a run with {then}; this run has {now}; resume "
-            "with that run's settings, or start a new run (--overwrite_output_dir or another --output_dir)"
-        )
+    record.pop("world_size", None)  # also in the identity
+    for legacy in ("model_signature", "training"):  # what older checkpoints compared instead
+        record.pop(legacy, None)
+    refuse_other_run(record.get("identity"), identity, path)
     # accelerate's load_state swallows any failure to restore the RNG states, which silently
     # breaks exact resume; so each rank first loads its own file the same safe way and fails loudly.
     rng_file = path / f"random_states_{accelerator.process_index}.pkl"

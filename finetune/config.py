@@ -7,6 +7,7 @@ holds the same keys (flags given on the command line win over the file).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import math
 import re
@@ -103,8 +104,12 @@ class _Parser(HfArgumentParser):
         raise ConfigError(f"{message.rstrip('.')}; see --help")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
+    """What the user asked for, as parsed (flags, then the YAML file, then HF's defaults filled in by
+    `__post_init__`); never changed after. What a run resolves for its machine and data is
+    `resolved.Resolved`; `with_resolved` gives the configuration the run trains with."""
+
     # --- task, model and data
     task_name: TaskName = _help(
         f"GLUE task ({', '.join(GLUE_TASKS)}) or custom (your files, labels inferred).", default="mnli"
@@ -428,7 +433,7 @@ class TrainConfig:
                 f"decides), got {self.warmup_steps}"
             )
         if float(self.warmup_steps).is_integer():
-            self.warmup_steps = int(self.warmup_steps)  # shown as 5, not 5.0
+            self._default("warmup_steps", int(self.warmup_steps))  # shown as 5, not 5.0
         if not 0.0 <= self.label_smoothing_factor < 1.0:
             raise ConfigError(
                 f"--label_smoothing_factor must be in [0, 1), got {self.label_smoothing_factor}"
@@ -449,10 +454,10 @@ class TrainConfig:
             )
         if self.ddp_bucket_cap_mb <= 0:
             raise ConfigError(f"--ddp_bucket_cap_mb must be a positive integer, got {self.ddp_bucket_cap_mb}")
-        self.output_dir = self.output_dir or f"outputs/{self.task_name}"
-        self.project_name = self.project_name or f"finetune-{self.task_name}"
+        self._default("output_dir", self.output_dir or f"outputs/{self.task_name}")
+        self._default("project_name", self.project_name or f"finetune-{self.task_name}")
         if self.task_name != "custom":
-            self.dataset_config_name = self.dataset_config_name or self.task_name
+            self._default("dataset_config_name", self.dataset_config_name or self.task_name)
         if self.metric_for_best_model is not None and not self.metric_for_best_model.startswith("eval_"):
             raise ConfigError(
                 f"--metric_for_best_model must name an evaluation metric such as eval_accuracy, "
@@ -481,7 +486,7 @@ class TrainConfig:
                 f"--pad_to_multiple_of must be a positive integer or auto, got {self.pad_to_multiple_of!r}"
             )
         if self.torch_compile_mode is not None:
-            self.torch_compile = True  # as in transformers' TrainingArguments
+            self._default("torch_compile", True)  # as in transformers' TrainingArguments
         if self.lora_r <= 0 or self.lora_alpha <= 0:
             raise ConfigError(
                 f"--lora_r and --lora_alpha must be positive, got {self.lora_r} and {self.lora_alpha}"
@@ -575,6 +580,18 @@ class TrainConfig:
                     "give --train_file (or --dataset_name) and no --validation_file"
                 )
 
+    def _default(self, name: str, value) -> None:
+        """A default HF's TrainingArguments also fills in at parse time (the dataclass is frozen after)."""
+        object.__setattr__(self, name, value)
+
+    def with_resolved(self, resolved) -> TrainConfig:
+        """The configuration a run trains with: these flags, each `auto` or derived choice replaced by
+        what `resolved` (a `resolved.Resolved`) chose; the flags the user gave stay readable."""
+        config = copy.copy(self)  # not dataclasses.replace: the checks of user input ran once, on these flags
+        for name, value in dataclasses.asdict(resolved).items():
+            object.__setattr__(config, name, value)
+        return config
+
     @property
     def cell_label_separator(self) -> str | None:
         """--label_separator as the text that splits a label cell; None: cells are whole labels."""
@@ -619,14 +636,14 @@ class TrainConfig:
         if self.eval_steps is not None and self.eval_steps <= 0:
             raise ConfigError(f"--eval_steps must be a positive integer, got {self.eval_steps}")
         if self.eval_strategy == "steps" and self.eval_steps is None:
-            self.eval_steps = self.logging_steps  # as Hugging Face Trainer does
+            self._default("eval_steps", self.logging_steps)  # as Hugging Face Trainer does
         if self.load_best_model_at_end and not evaluates:
             raise ConfigError(
                 "--load_best_model_at_end needs evaluations to pick the best model; set --eval_strategy "
                 "steps or epoch, or drop --load_best_model_at_end"
             )
         if self.load_best_model_at_end is None:
-            self.load_best_model_at_end = evaluates
+            self._default("load_best_model_at_end", evaluates)
         if self.early_stopping_patience is not None:
             if self.early_stopping_patience <= 0:
                 raise ConfigError(
@@ -721,11 +738,12 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         raise
     # What the user set (flags and YAML keys), before __post_init__ and setup resolve anything for
     # this machine: the model card's command. Not a dataclass field, so neither a flag nor in to_dict.
-    config.user_flags = {
+    given = {
         f.name: list(values[f.name]) if isinstance(values[f.name], list) else values[f.name]
         for f in dataclasses.fields(TrainConfig)
         if f.name != "config" and values[f.name] != default_of(f)  # the YAML file's keys are inlined
     }
+    object.__setattr__(config, "user_flags", given)  # the frozen dataclass's one record beside its fields
     return config
 
 

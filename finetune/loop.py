@@ -34,6 +34,7 @@ class Run:
     """Everything `finetune.mnli.setup` builds for one run."""
 
     config: TrainConfig
+    """What the run trains with: the flags, each auto and derived choice resolved (train_config.json)."""
     task: Task
     accelerator: object
     model: object
@@ -52,6 +53,8 @@ class Run:
     """time.perf_counter() when setup began: the model card's wall time."""
     flops_per_token: int
     """6 x non-embedding parameters: the training FLOPs of one real token, for MFU."""
+    given_flags: dict
+    """The flags the user set (command line and YAML), as given: the model card's command."""
     first_nonfinite_step: torch.Tensor | None = None
     """On the device, set by train(): the first step whose gradient norm was NaN or inf (0: none).
     That step was skipped on the device; the run fails when the flag is next read (`_raise_if_diverged`)."""

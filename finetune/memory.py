@@ -22,11 +22,14 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def fit_batch_size(config: TrainConfig, model: nn.Module, train: Dataset, tokenizer, accelerator) -> str:
+def fit_batch_size(
+    config: TrainConfig, model: nn.Module, train: Dataset, tokenizer, accelerator
+) -> tuple[dict, str]:
     """Collective: --auto_find_batch_size. Runs one forward and backward pass (no optimizer step) on the
     longest training rows at --per_device_train_batch_size; on out-of-memory halves that batch and
     doubles --gradient_accumulation_steps, so the global batch, the step plan and the schedule stay,
-    and tries again. Sets both in `config` and the Accelerator; returns the line that says so.
+    and tries again. Sets the Accelerator's accumulation; returns both for `Resolved`, and the line that
+    says so.
 
     Call before the dataloaders are built (they take the batch size) and before `accelerator.prepare`
     (each rank probes its own unwrapped model: no all-reduce a rank out of memory would leave hanging);
@@ -73,13 +76,12 @@ def fit_batch_size(config: TrainConfig, model: nn.Module, train: Dataset, tokeni
     fitted = probe()
     chosen = min(gather_object([fitted])) if accelerator.num_processes > 1 else fitted
     factor = start_batch // chosen
-    config.per_device_train_batch_size = chosen
-    config.gradient_accumulation_steps = start_accumulation * factor
-    accelerator.gradient_accumulation_steps = config.gradient_accumulation_steps
+    accumulation = start_accumulation * factor
+    accelerator.gradient_accumulation_steps = accumulation
+    batch = {"per_device_train_batch_size": chosen, "gradient_accumulation_steps": accumulation}
     if factor == 1:
-        return f"auto_find_batch_size: --per_device_train_batch_size {chosen} fits"
-    return (
+        return batch, f"auto_find_batch_size: --per_device_train_batch_size {chosen} fits"
+    return batch, (
         f"auto_find_batch_size: out of memory at --per_device_train_batch_size {start_batch}; "
-        f"training at {chosen} with --gradient_accumulation_steps {config.gradient_accumulation_steps} "
-        "(same global batch)"
+        f"training at {chosen} with --gradient_accumulation_steps {accumulation} (same global batch)"
     )

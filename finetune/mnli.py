@@ -34,15 +34,14 @@ from finetune.checkpoint import (
     export_model,
     load_best_model,
     load_checkpoint,
-    model_signature,
     resolve_resume,
-    training_config,
     writing,
 )
 from finetune.compile import compile_cache_line
-from finetune.config import ConfigError, TrainConfig, greater_is_better_default, parse_config, to_dict
+from finetune.config import ConfigError, TrainConfig, parse_config, to_dict
 from finetune.data import build_dataloaders, load_splits, resolve_pad_to_multiple_of, tokenize_splits
 from finetune.evaluation import evaluate_splits, load_metric, predict
+from finetune.identity import run_identity
 from finetune.kernels import resolve_dropout_kernel, use_packed_dropout
 from finetune.loading import (
     classifies_from_last_token,
@@ -61,12 +60,14 @@ from finetune.padding_free import resolve_padding_free, use_padding_free
 from finetune.report import (
     CONFUSION_FILE,
     CURVES_FILE,
+    changed_flags,
     hardware,
     plot_confusion_matrix,
     plot_training_curves,
     push_to_hub,
     write_model_card,
 )
+from finetune.resolved import Resolved, choose_metric
 from finetune.runtime import (
     StopSignals,
     TrainingFailed,
@@ -75,12 +76,12 @@ from finetune.runtime import (
     build_accelerator,
     describe_runtime,
     keep_freed_memory,
+    launcher_world_size,
     replicas_identical,
     resolve_keep_freed_memory,
     run_summary,
 )
 from finetune.steps import plan_steps
-from finetune.tasks import eval_key
 from finetune.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
 
 
@@ -117,12 +118,14 @@ def main(argv: list[str] | None = None, build=None) -> dict:
     return run_config(parse_config(argv), build)
 
 
-def run_config(config: TrainConfig, build=None) -> dict:
-    finished = finished_run(config)
+def run_config(args: TrainConfig, build=None) -> dict:
+    """Collective: one launch of the run `args` asks for (every rank calls it)."""
+    identity = run_identity(args, launcher_world_size())  # what makes it the same run; read once
+    finished = finished_run(args, identity)
     if finished is not None:
         return finished  # relaunched after the end: nothing to do, nothing changed
     try:
-        run = (build or setup)(config)
+        run = (build or setup)(args, identity)
         results = execute(run)
     except TrainingInterrupted as stopped:
         if run.accelerator.is_main_process:
@@ -131,38 +134,40 @@ def run_config(config: TrainConfig, build=None) -> dict:
         close(run)  # every rank stopped at the same step, so they can leave together
         raise
     except BaseException:
-        release_lock(config.output_dir)  # a failed start or run leaves the folder to the next one
+        release_lock(args.output_dir)  # a failed start or run leaves the folder to the next one
         raise
     close(run)
     return results
 
 
-def setup(config: TrainConfig) -> Run:
-    """Accelerator, data, model, optimizer, schedule, trackers; resumed state if asked for."""
+def setup(args: TrainConfig, identity: dict) -> Run:
+    """Collective: Accelerator, data, model, optimizer, schedule, trackers; resumed state if asked for.
+    Resolves every choice `args` leaves to the run (`Resolved`), once."""
     started_s = time.perf_counter()
-    output_dir = Path(config.output_dir)
-    resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
-    check_output_dir(config, resuming=resume is not None)
+    output_dir = Path(args.output_dir)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)
+    check_output_dir(args, resuming=resume is not None)
     take_lock(output_dir)  # rank 0: one run per output folder, until close() (or run_config's failure)
-    trackers = trackers_for(config.report_to)
+    trackers = trackers_for(args.report_to)
     wandb_notice = wandb_offline_notice(trackers)
-    accelerator = build_accelerator(config, trackers)
+    accelerator = build_accelerator(args, trackers)
     world_size = accelerator.num_processes
-    set_seed(config.seed)
+    set_seed(args.seed)
     bf16_native = bf16_is_fast()
-    loading = loading_options(config, accelerator.device.type, bf16_native)  # refusals before the data
+    loading = loading_options(args, accelerator.device.type, bf16_native)  # refusals before the data
 
-    task, splits = load_splits(config)
-    resolve_metric_for_best_model(config, task, splits)  # before the model loads
-    model, tokenizer, backbone = build_model(config, task, accelerator, loading, bf16_native)
-    # After the LoRA wrap: a LoRA checkpoint's adapter names and shapes (r, targets) are part of it.
-    signature = model_signature(config.model_name_or_path, model)
+    task, splits = load_splits(args)
+    metric = choose_metric(args, task, splits)  # before the model loads
+    model, tokenizer, backbone, speed = build_model(args, task, accelerator, loading, bf16_native)
     parameters = parameter_counts(model)  # before prepare: FSDP shards them
     on_gpu = accelerator.device.type == "cuda"
-    tokenized = tokenize_splits(task, splits, tokenizer, config.max_length, accelerator)
+    tokenized = tokenize_splits(task, splits, tokenizer, args.max_length, accelerator)
+    batch = {k: getattr(args, k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps")}
     batch_notice = None
-    if config.auto_find_batch_size and config.do_train:  # collective; sets the batch before the loaders
-        batch_notice = fit_batch_size(config, model, tokenized["train"], tokenizer, accelerator)
+    if args.auto_find_batch_size and args.do_train:  # collective; sets the batch before the loaders
+        batch, batch_notice = fit_batch_size(args, model, tokenized["train"], tokenizer, accelerator)
+    resolved = Resolved(**metric, **speed, **batch)
+    config = args.with_resolved(resolved)  # what the run trains with, from here on
     loaders = build_dataloaders(
         tokenized, tokenizer, config, world_size, on_gpu, position_offset=varlen_position_offset(model)
     )
@@ -183,21 +188,30 @@ def setup(config: TrainConfig) -> Run:
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     loaders = {name: accelerator.prepare(loader) for name, loader in loaders.items()}
     train_loader, test_loader = loaders.pop("train", None), loaders.pop("test", None)
-    training = training_config(config, task, plan, world_size, train_rows)
-    state = load_checkpoint(accelerator, resume, world_size, signature, training) if resume else TrainState()
-    state.model_signature, state.training = signature, training
+    state = load_checkpoint(accelerator, resume, identity) if resume else TrainState()
+    state.identity = identity
 
     if config.overwrite_output_dir and resume is None:
         # Rank 0, once every flag, file and model has loaded: a refused start keeps the earlier run.
         remove_earlier_run(output_dir)
-    resolved = {**to_dict(config), **describe_runtime(accelerator), "plan": vars(plan), "backbone": backbone}
+    # The top level is the configuration the run trains with (flags, each auto resolved), as before;
+    # `args` the flags as given, `resolved` the choices, `identity` what makes it the same run.
+    record = {
+        **to_dict(config),
+        **describe_runtime(accelerator),
+        "plan": vars(plan),
+        "backbone": backbone,
+        "args": to_dict(args),
+        "resolved": to_dict(resolved),
+        "identity": identity,
+    }
     state.tracker_run_id = start_trackers(
-        accelerator, config.project_name, resolved, output_dir, state.tracker_run_id, config.run_name
+        accelerator, config.project_name, record, output_dir, state.tracker_run_id, config.run_name
     )
     log = None
     if accelerator.is_main_process:
         with writing("train_config.json", output_dir):
-            (output_dir / "train_config.json").write_text(json.dumps(resolved, indent=2))
+            (output_dir / "train_config.json").write_text(json.dumps(record, indent=2))
         log = MetricsLog(accelerator, config.output_dir, resumed_step=state.global_step if resume else None)
         if wandb_notice:
             print(wandb_notice)
@@ -223,58 +237,43 @@ def setup(config: TrainConfig) -> Run:
         rows={name: len(split) for name, split in splits.items()},
         started_s=started_s,
         flops_per_token=flops_per_token(accelerator.unwrap_model(model), config.use_peft),
+        given_flags=changed_flags(args),
     )
 
 
-def resolve_metric_for_best_model(config: TrainConfig, task, splits: dict) -> None:
-    """--metric_for_best_model (default: the task's first metric) and --greater_is_better, checked
-    against what this run's evaluation produces; resolved in `config`, so train_config.json shows them."""
-    splits_measured = [s for s in task.validation_splits if s in splits]
-    metrics = (*task.metrics, *task.per_class_metrics, "loss")
-    measured = [eval_key(s, m) for s in splits_measured for m in metrics]
-    measured += ["eval_loss"] if "eval_loss" not in measured else []  # over every split's rows
-    config.metric_for_best_model = config.metric_for_best_model or (measured[0] if measured else None)
-    if config.greater_is_better is None and config.metric_for_best_model:
-        config.greater_is_better = greater_is_better_default(config.metric_for_best_model)
-    if config.evaluates_training and config.metric_for_best_model not in measured:
-        raise ConfigError(
-            f"--metric_for_best_model {config.metric_for_best_model}: this run measures {', '.join(measured)}"
-        )
-
-
-def build_model(config: TrainConfig, task, accelerator, loading: dict, bf16_native: bool):
+def build_model(args: TrainConfig, task, accelerator, loading: dict, bf16_native: bool):
     """The model and tokenizer, fitted to each other, with this machine's speed paths and the memory
-    and LoRA settings; each resolved choice is written back to `config` for train_config.json.
-    Returns (model, tokenizer, the `backbone` record of train_config.json)."""
-    model, tokenizer = load_model_and_tokenizer(config.model_name_or_path, task, config.max_length, loading)
-    refuse_checkpoint_dtype(model, config, accelerator.device.type, bf16_native)
+    and LoRA settings. Returns (model, tokenizer, the `backbone` record of train_config.json, the speed
+    choices for `Resolved`)."""
+    model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, task, args.max_length, loading)
+    refuse_checkpoint_dtype(model, args, accelerator.device.type, bf16_native)
     backbone = backbone_summary(model, fit_tokenizer_to_model(model, tokenizer))
-    config.attn_implementation = model.config._attn_implementation  # transformers' choice, for the record
     backbone.update(prepare_decoder(model))  # decoders: positions that ignore left padding, no cache
-    if config.gradient_checkpointing:
+    if args.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     device_type = accelerator.device.type
+    # Each choice as it is made, in this order: padding-free wraps the attention packed dropout chose.
+    speed = {"attn_implementation": model.config._attn_implementation}  # transformers' choice
     # torch for architectures packed dropout can't take
-    config.dropout_kernel = resolve_dropout_kernel(config.dropout_kernel, device_type, model)
-    if config.dropout_kernel == "packed":
+    speed["dropout_kernel"] = resolve_dropout_kernel(args.dropout_kernel, device_type, model)
+    if speed["dropout_kernel"] == "packed":
         use_packed_dropout(model)
-    config.padding_free = resolve_padding_free(config, model, device_type)  # "true"/"false"/"varlen"
-    if config.padding_free == "true":
+    speed["padding_free"] = resolve_padding_free(args, model, device_type)  # "true"/"false"/"varlen"
+    if speed["padding_free"] == "true":
         use_padding_free(model)
-    bucketed = config.pad_to_multiple_of not in ("auto", "1")  # asked for; auto stays as measured
-    config.pad_to_multiple_of = resolve_pad_to_multiple_of(config.pad_to_multiple_of, device_type == "cuda")
-    if config.padding_free == "varlen":
+    speed["pad_to_multiple_of"] = resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda")
+    if speed["padding_free"] == "varlen":
         use_varlen_attention(model)
-    elif config.padding_free == "false" and bucketed:
-        use_sync_free_masks(model)  # no wait for the device per forward; see finetune/attention.py
-    config.keep_freed_memory = resolve_keep_freed_memory(  # "true"/"false"
-        config.keep_freed_memory, device_type, accelerator.mixed_precision
+    elif speed["padding_free"] == "false" and args.pad_to_multiple_of not in ("auto", "1"):
+        use_sync_free_masks(model)  # bucketed as asked (auto stays as measured); see finetune/attention.py
+    speed["keep_freed_memory"] = resolve_keep_freed_memory(  # "true"/"false"
+        args.keep_freed_memory, device_type, accelerator.mixed_precision
     )
-    if config.keep_freed_memory == "true":
+    if speed["keep_freed_memory"] == "true":
         keep_freed_memory()
-    if config.use_peft:  # after the kernels patch the model's own modules; before the optimizer
-        model = wrap_with_lora(model, config)
-    return model, tokenizer, backbone
+    if args.use_peft:  # after the kernels patch the model's own modules; before the optimizer
+        model = wrap_with_lora(model, args)
+    return model, tokenizer, backbone, speed
 
 
 def flops_per_token(model, use_peft: bool) -> int:
@@ -357,7 +356,8 @@ def execute(run: Run) -> dict:
                 )
             wall_s = time.perf_counter() - run.started_s
             with writing("the model card (README.md)", output_dir):
-                write_model_card(output_dir / "README.md", config, task, results, run.rows, machine, wall_s)
+                card = output_dir / "README.md"
+                write_model_card(card, config, task, results, run.rows, machine, wall_s, run.given_flags)
         with writing(CONFUSION_FILE, output_dir):  # custom single-label tasks only
             plot_confusion_matrix(results, output_dir / CONFUSION_FILE)
         # Last: results.json marks a finished run.

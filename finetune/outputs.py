@@ -9,8 +9,9 @@ import os
 import shutil
 from pathlib import Path
 
-from finetune.checkpoint import BEST_MODEL_DIR, PREFIX, complete_checkpoints, same_path
+from finetune.checkpoint import BEST_MODEL_DIR, PREFIX, complete_checkpoints
 from finetune.config import ConfigError, TrainConfig
+from finetune.identity import differences
 from finetune.lora import ADAPTER_DIR
 from finetune.modeling import TOKENIZER_FILES
 from finetune.report import CONFUSION_FILE, CURVES_FILE
@@ -64,32 +65,20 @@ def check_output_dir(config: TrainConfig, resuming: bool) -> None:
         )
 
 
-# What makes a relaunch the same run as the finished one: what a checkpoint's resume compares, as
-# train_config.json records it (values as given; the paths compared as places).
-SAME_RUN = ("task_name", "dataset_config_name", "text_columns", "label_column", "max_train_samples",
-            "validation_split_percentage", "group_by_length", "learning_rate", "lr_scheduler_type",
-            "warmup_ratio", "warmup_steps", "weight_decay", "max_grad_norm", "adam_beta1", "adam_beta2",
-            "adam_epsilon", "label_smoothing_factor", "class_weights", "seed", "per_device_train_batch_size",
-            "gradient_accumulation_steps", "num_train_epochs", "max_train_steps", "max_length", "use_peft",
-            "lora_r", "lora_alpha", "lora_dropout")  # fmt: skip
-SAME_PLACE = ("model_name_or_path", "dataset_name", "train_file", "validation_file")
-
-
-def finished_run(config: TrainConfig) -> dict | None:
-    """--resume_from_checkpoint auto in a folder whose run, the same as this one, has finished
-    (results.json): its results, announced by rank 0, so a relaunch (a requeued job, a restarted
-    script) changes nothing. Another run's record: None, and the checks that follow refuse it."""
+def finished_run(config: TrainConfig, identity: dict) -> dict | None:
+    """--resume_from_checkpoint auto in a folder whose run, the same as this one (its recorded identity
+    equals `identity`), has finished (results.json): its results, announced by rank 0, so a relaunch (a
+    requeued job, a restarted script) changes nothing. Another run's record: None, and the checks that
+    follow refuse it."""
     folder = Path(config.output_dir)
     if config.resume_from_checkpoint != "auto" or config.overwrite_output_dir:
         return None
     try:
         finished = json.loads((folder / "results.json").read_text())
-        recorded = json.loads((folder / "train_config.json").read_text())
-    except (OSError, ValueError):
+        recorded = json.loads((folder / "train_config.json").read_text()).get("identity")
+    except (OSError, ValueError, AttributeError):
         return None
-    if any(recorded.get(key) != getattr(config, key) for key in SAME_RUN) or not all(
-        same_path(recorded.get(key), getattr(config, key)) for key in SAME_PLACE
-    ):
+    if recorded is None or differences(recorded, identity):
         return None
     if launcher_rank() == 0:
         print(

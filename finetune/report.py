@@ -42,7 +42,7 @@ def changed_flags(config: TrainConfig) -> dict:
     """The flags the user set to other values than the defaults (on the command line or in the YAML
     file): a command line that reproduces the run on another machine, which resolves the auto settings
     (padding_free, dropout_kernel, ...) for itself. A config built in Python rather than by parse_config
-    has no such record: then every field that differs from its default, resolved ones included."""
+    has no such record: then every field that differs from its default (as __post_init__ left it)."""
     given = getattr(config, "user_flags", None)
     if given is not None:
         return dict(given)
@@ -54,7 +54,14 @@ def changed_flags(config: TrainConfig) -> dict:
 
 
 def write_model_card(
-    path: Path, config: TrainConfig, task: Task, results: dict, data_rows: dict, machine: str, wall_s: float
+    path: Path,
+    config: TrainConfig,
+    task: Task,
+    results: dict,
+    data_rows: dict,
+    machine: str,
+    wall_s: float,
+    given_flags: dict,
 ) -> None:
     """A Hugging Face model card (README.md): base model, data, flags, results, hardware, time."""
     is_local_base = Path(config.model_name_or_path).exists()
@@ -71,7 +78,7 @@ def write_model_card(
         if config.uses_local_files
         else {"Hub" if from_hub else "local": f"{config.dataset_name}{subset}"}
     )
-    flags = " ".join(f"--{k} {as_flag_value(v)}" for k, v in changed_flags(config).items())
+    flags = " ".join(f"--{k} {as_flag_value(v)}" for k, v in given_flags.items())
     labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)
     labels += " (multi-label: any number per text, independent sigmoids)" if task.multi_label else ""
     scores = [(k, results[k]) for k in task.metric_keys(per_class=False) if k in results]

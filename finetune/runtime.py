@@ -116,7 +116,7 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         # None: an accelerate config's dynamo_config (if any) decides.
         dynamo_plugin=dynamo_plugin(config, torch.cuda.is_available()) if config.torch_compile else None,
     )
-    check_world_size(int(os.environ.get("WORLD_SIZE", "1")), accelerator.num_processes)
+    check_world_size(launcher_world_size(), accelerator.num_processes)
     if torch.cuda.is_available():
         # TF32 matmuls on Ampere+ cost ~nothing in accuracy for fine-tuning and are several times faster.
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -151,6 +151,11 @@ def join_restarted_job() -> None:
 def launcher_rank() -> int:
     """This process's global rank as the launcher set it (0 without one), before the Accelerator exists."""
     return int(os.environ.get("RANK", "0"))
+
+
+def launcher_world_size() -> int:
+    """How many processes the launcher started (1 without one), before the Accelerator exists."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def check_world_size(launched: int, joined: int) -> None:

@@ -200,10 +200,10 @@ def with_fault(fault: str, at_micro_batch: int):
         output.logits = output.logits * float("nan")
         return output
 
-    def build(config):
+    def build(*launch):
         from finetune.mnli import setup
 
-        run = setup(config)
+        run = setup(*launch)
         run.model.register_forward_hook(inject)
         return run
 
@@ -214,12 +214,12 @@ def sigterm_in_first_evaluation(signalled_at: list):
     """`setup`, plus a hook that sends this process SIGTERM at the first evaluation forward (as a
     preemption notice arriving while evaluating), recording when in `signalled_at`."""
 
-    def build(config):
+    def build(*launch):
         import time
 
         from finetune.mnli import setup
 
-        run = setup(config)
+        run = setup(*launch)
 
         def sigterm(module, inputs):
             if not module.training and not signalled_at:

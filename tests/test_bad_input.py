@@ -14,6 +14,7 @@ import signal
 import pytest
 
 from finetune.config import ConfigError, parse_config
+from finetune.identity import run_identity
 from finetune.mnli import cli, main, setup
 from finetune.outputs import finished_run
 from tests.helpers import PYTHON, REPO, run_cli, tiny_args, with_fault
@@ -299,9 +300,15 @@ def test_a_finished_run_relaunched_with_resume_auto_changes_nothing(
     assert snapshot(finished) == before
     # Not the same run: another warmup, or the model named by another path to the same folder.
     relaunched = [*args, "--resume_from_checkpoint", "auto"]
-    assert finished_run(parse_config([*relaunched, "--warmup_steps", "3"])) is None
-    relative = os.path.relpath(tiny_model_dir)
-    assert finished_run(parse_config(with_flag(relaunched, "--model_name_or_path", relative))) is not None
+
+    def finished(argv):
+        config = parse_config(argv)
+        return finished_run(config, run_identity(config, world_size=1))
+
+    assert finished([*relaunched, "--warmup_steps", "3"]) is None
+    assert (
+        finished(with_flag(relaunched, "--model_name_or_path", os.path.relpath(tiny_model_dir))) is not None
+    )
 
 
 def test_resume_from_a_partial_checkpoint(tiny_model_dir, nli_files, finished, tmp_path, capsys):
@@ -318,7 +325,9 @@ def test_resume_with_another_number_of_processes(tiny_model_dir, nli_files, fini
     copy.mkdir()
     for f in checkpoint.iterdir():
         (copy / f.name).write_bytes(f.read_bytes())
-    (copy / "trainer_state.json").write_text(json.dumps({**state, "world_size": 4}))
+    (copy / "trainer_state.json").write_text(
+        json.dumps({**state, "identity": {**state["identity"], "world_size": 4}})
+    )
     args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--resume_from_checkpoint", str(copy))
     fails_cleanly(args, finished, "saved with 4 processes, this run has 1", capsys)
 
@@ -404,8 +413,8 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tiny_model_dir, nli_files, 
     checkpoint is written, one line says how to resume, exit 130."""
     out = tmp_path / "out"
 
-    def build(config):
-        run = setup(config)
+    def build(*launch):
+        run = setup(*launch)
         step = run.scheduler.step
 
         def step_then_ctrl_c():

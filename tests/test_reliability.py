@@ -22,8 +22,8 @@ class Died(BaseException):
 
 
 def dies_writing(step: int):
-    def build(config):
-        run = setup(config)
+    def build(*launch):
+        run = setup(*launch)
 
         def half_a_weights_file(models, weights, output_dir):
             if Path(output_dir).name == f".checkpoint-{step}.partial":

@@ -123,10 +123,10 @@ def test_warmup_steps_ramp_the_learning_rate_then_the_schedule_decays_it(tiny_mo
 def test_adam_flags_reach_the_optimizer(tiny_model_dir, nli_files, tmp_path):
     groups = []
 
-    def build(config):
+    def build(*launch):
         from finetune.mnli import setup
 
-        run = setup(config)
+        run = setup(*launch)
         groups.extend({"betas": g["betas"], "eps": g["eps"]} for g in run.optimizer.param_groups)
         return run
 

@@ -1,0 +1,169 @@
+"""What makes two launches the same run (finetune/identity.py): every flag is in it or left out with a
+reason; resume and the finished-run check compare it; the flags as given are never changed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+
+import pytest
+
+from finetune.config import ConfigError, TrainConfig, parse_config
+from finetune.identity import DERIVED, IDENTITY_FLAGS, LEFT_OUT, differences, refuse_other_run, run_identity
+from finetune.mnli import cli, main
+from finetune.outputs import finished_run
+from tests.helpers import reset_accelerate, tiny_args
+
+
+def with_flag(args: list[str], flag: str, value: str) -> list[str]:
+    args = list(args)
+    if flag in args:
+        args[args.index(flag) + 1] = value
+        return args
+    return [*args, flag, value]
+
+
+def identity_of(argv: list[str], world_size: int = 1) -> dict:
+    return run_identity(parse_config(argv), world_size)
+
+
+def test_every_flag_is_in_the_identity_or_left_out_with_a_reason():
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(IDENTITY_FLAGS) | set(LEFT_OUT) == fields
+    assert not set(IDENTITY_FLAGS) & set(LEFT_OUT)
+    assert len(IDENTITY_FLAGS) == len(set(IDENTITY_FLAGS))
+    assert all(reason.strip() for reason in LEFT_OUT.values())
+    assert not set(DERIVED) & fields  # the derived entries can't shadow a flag
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        ["--lora_target_modules", "query", "value"],
+        ["--lora_modules_to_save", "classifier", "pooler"],
+        ["--label_separator", ";"],
+        ["--class_weights", "1,50,1"],
+        ["--early_stopping_patience", "2"],
+        ["--multi_label_threshold", "0.3"],
+        ["--max_eval_samples", "100"],
+    ],
+)
+def test_a_changed_setting_is_another_run(changed, tiny_model_dir, nli_files, tmp_path):
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--use_peft")
+    then, now = identity_of(args), identity_of([*args, *changed])
+    assert differences(then, now) == [changed[0].removeprefix("--")]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        ["--per_device_eval_batch_size", "8"],
+        ["--padding_free", "false"],
+        ["--dropout_kernel", "torch"],
+        ["--logging_steps", "7"],
+        ["--checkpointing_steps", "3"],
+        ["--report_to", "tensorboard"],
+        ["--do_predict", "--test_file", "x.csv"],
+    ],
+)
+def test_speed_paths_and_outputs_are_the_same_run(changed, tiny_model_dir, nli_files, tmp_path):
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out")
+    assert differences(identity_of(args), identity_of([*args, *changed])) == []
+
+
+def test_the_data_is_compared_by_content_not_by_path(tiny_model_dir, nli_files, tmp_path):
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out")
+    moved = shutil.copy(nli_files["train"], tmp_path / "moved.jsonl")
+    assert differences(identity_of(args), identity_of(with_flag(args, "--train_file", str(moved)))) == []
+    # The same number of rows, reversed: another run (issue 32, case 4).
+    rows = nli_files["train"].read_text().splitlines(keepends=True)
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text("".join(reversed(rows)))
+    assert differences(identity_of(args), identity_of(with_flag(args, "--train_file", str(edited)))) == [
+        "training_data"
+    ]
+
+
+def test_a_model_named_by_another_path_is_the_same_model(tiny_model_dir, nli_files, tmp_path, monkeypatch):
+    monkeypatch.chdir(tiny_model_dir.parent)
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out")
+    relative = with_flag(args, "--model_name_or_path", tiny_model_dir.name)
+    assert differences(identity_of(args), identity_of(relative)) == []
+    other = shutil.copytree(tiny_model_dir, tmp_path / "other")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    assert differences(identity_of(args), identity_of(with_flag(args, "--model_name_or_path", str(other))))
+
+
+def test_the_refusal_names_the_flags_and_the_fix(tiny_model_dir, nli_files, tmp_path):
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--use_peft")
+    saved = identity_of(args)
+    with pytest.raises(ConfigError) as refused:
+        refuse_other_run(saved, identity_of([*args, "--use_peft", "false"]), tmp_path / "checkpoint-4")
+    assert "with --use_peft true; this run has --use_peft false" in str(refused.value)
+    assert "--overwrite_output_dir" in str(refused.value)
+    with pytest.raises(ConfigError, match="saved with 1 processes, this run has 2"):
+        refuse_other_run(saved, identity_of(args, world_size=2), tmp_path / "checkpoint-4")
+    with pytest.raises(ConfigError, match="older finetune"):
+        refuse_other_run(None, saved, tmp_path / "checkpoint-4")
+
+
+def test_a_finished_run_is_found_only_by_its_own_identity(tiny_model_dir, nli_files, tmp_path):
+    """In process, on a folder that holds a finished run's two records."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--resume_from_checkpoint", "auto")
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"global_step": 9}))
+    (out / "train_config.json").write_text(json.dumps({"identity": identity_of(args)}))
+    for same in ([], ["--do_predict", "--test_file", "x.csv"], ["--report_to", "tensorboard"]):
+        config = parse_config([*args, *same])
+        assert finished_run(config, run_identity(config, 1)) == {"global_step": 9}
+    for other in (["--label_separator", ";"], ["--class_weights", "balanced"], ["--seed", "1"]):
+        config = parse_config([*args, *other])
+        assert finished_run(config, run_identity(config, 1)) is None
+
+
+def test_flags_are_never_changed_by_the_run(tiny_model_dir, nli_files, tmp_path):
+    """What the user asked stays as parsed; train_config.json records it beside what the run resolved."""
+    args = parse_config(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--max_train_steps", "2"))
+    asked = dataclasses.asdict(args)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.learning_rate = 1.0
+    from finetune.mnli import run_config
+
+    run_config(args)
+    assert dataclasses.asdict(args) == asked
+    record = json.loads((tmp_path / "out" / "train_config.json").read_text())
+    assert record["args"] == json.loads(json.dumps(asked))
+    assert record["args"]["metric_for_best_model"] is None and record["args"]["dropout_kernel"] == "auto"
+    assert (
+        record["resolved"]["metric_for_best_model"]
+        == record["metric_for_best_model"]
+        == ("eval_matched_accuracy")
+    )
+    assert record["resolved"]["dropout_kernel"] == record["dropout_kernel"] == "packed"  # auto, on CPU
+    assert record["identity"] == json.loads(json.dumps(run_identity(args, 1)))
+
+
+def test_a_finished_lora_run_relaunched_with_other_targets_is_refused(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """Issue 31's case: it was taken as the same run, returned the old results and trained nothing."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--use_peft", "--max_train_steps", "4")
+    args += ["--checkpointing_steps", "2", "--eval_strategy", "no"]
+    main(args)
+    reset_accelerate()
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    relaunched = [*args, "--resume_from_checkpoint", "auto"]
+    assert cli([*relaunched, "--lora_target_modules", "query", "value"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--lora_target_modules all-linear; this run has --lora_target_modules query value" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    # The same flags again: the finished run, unchanged (exit 0).
+    assert cli(relaunched) == 0
+    assert "nothing to resume" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert os.path.isdir(out / "checkpoint-4")
