@@ -140,10 +140,12 @@ def run_config(args: TrainConfig, build=None) -> dict:
     return results
 
 
-def setup(args: TrainConfig, identity: dict) -> Run:
+def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     """Collective: Accelerator, data, model, optimizer, schedule, trackers; resumed state if asked for.
-    Resolves every choice `args` leaves to the run (`Resolved`), once."""
+    Resolves every choice `args` leaves to the run (`Resolved`), once. `identity`: run_config's, or
+    (scripts that call setup alone) this launch's."""
     started_s = time.perf_counter()
+    identity = identity or run_identity(args, launcher_world_size())
     output_dir = Path(args.output_dir)
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)
     check_output_dir(args, resuming=resume is not None)

@@ -9,8 +9,8 @@ from finetune.mnli import cli, setup
 at = int(os.environ["AT"])
 
 
-def setup_with_two_ctrl_c(config):
-    run = setup(config)
+def setup_with_two_ctrl_c(*launch):
+    run = setup(*launch)
     step = run.scheduler.step
 
     def step_with_ctrl_c():

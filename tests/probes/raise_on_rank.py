@@ -9,8 +9,8 @@ from finetune.mnli import cli, setup
 failing_rank, at = int(os.environ["RANK_TO_FAIL"]), int(os.environ["AT"])
 
 
-def setup_with_failure(config):
-    run = setup(config)
+def setup_with_failure(*launch):
+    run = setup(*launch)
     step = run.scheduler.step
 
     def step_or_fail():

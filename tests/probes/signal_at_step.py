@@ -17,8 +17,8 @@ at, signum = int(os.environ["AT_STEP"]), signal.Signals[f"SIG{os.environ['SIGNAL
 ranks = {int(rank) for rank in os.environ.get("RANKS", "0,1").split(",")}
 
 
-def setup_with_signal(config):
-    run = setup(config)
+def setup_with_signal(*launch):
+    run = setup(*launch)
     if run.accelerator.process_index in ranks and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
         scheduler_step = run.scheduler.step
 
