@@ -249,7 +249,7 @@ def print_table(table: dict, args) -> None:
 
 def print_paired_ratios(rounds: dict) -> None:
     """Each round's toolkit against the other runs of the same round, which ran next to it: on a
-    shared VM whose speed swings by 15% over minutes, these ratios vary less than the runs themselves."""
+    shared VM whose speed drifts over minutes, these ratios vary less than the runs themselves."""
     if "toolkit" not in rounds or len(rounds["toolkit"]) < 2:
         return
     print("\npaired ratios of the toolkit, round by round (median [min, max]):")

@@ -1,7 +1,7 @@
 """`make bench-steps`: what one CPU kernel choice is worth per training step, A/B in one process.
 
-Whole runs drift by 5-15% from one to the next on a shared 2-core VM, more than a kernel change
-worth 6%. Here two MiniLM models (same weights, the toolkit's precision) train on the same
+On a shared VM whole runs drift from one to the next by more than a kernel change is worth
+(docs/benchmarks.md). Here two MiniLM models (same weights, the toolkit's precision) train on the same
 length-grouped batches, stepping in turn, the first of the pair alternating every step, so the
 drift hits both alike:
 

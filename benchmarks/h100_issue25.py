@@ -1,7 +1,7 @@
 """Issue #25 on a GPU, in one command: ms per BERT-base training step, host waits and CPU-vs-CUDA time
 per step for padded (multiples of 8, today's CUDA default), buckets of 32, buckets + torch.compile
-(default and reduce-overhead), and --padding_free varlen (eager and compiled). Nothing here has been
-run on a GPU yet; no figure exists until it is. From the repository root, after benchmarks/h100_setup.sh:
+(default and reduce-overhead), and --padding_free varlen (eager and compiled). docs/benchmarks.md says
+whether it has been run and what it found. From the repository root, after benchmarks/h100_setup.sh:
 
     python3 benchmarks/h100_issue25.py /tmp/bert-base <mnli folder> <output folder> [steps]
 

@@ -252,9 +252,10 @@ class TrainConfig:
     )
     padding_free: PaddingFree = _help(
         "auto (on CPU for BERT, RoBERTa, XLM-R and ELECTRA without --torch_compile, except on CPUs with "
-        "AMX, where padded layers measured faster), true or false: the encoder skips padding everywhere "
-        "but in attention; same results, less work. varlen (CUDA, not measured yet): the collator packs "
-        "real tokens only, attention runs torch's variable-length kernel (on CPU a slow per-pair reference).",
+        "AMX, whose padded matmuls are fast enough that skipping padding does not pay), true or false: the "
+        "encoder skips padding everywhere but in attention; same results, less work. varlen (for CUDA; see "
+        "docs/benchmarks.md for its status): the collator packs real tokens only, attention runs torch's "
+        "variable-length kernel (on CPU a slow per-pair reference).",
         default="auto",
     )
     pad_to_multiple_of: str = _help(
@@ -266,13 +267,15 @@ class TrainConfig:
     )
     keep_freed_memory: AutoSwitch = _help(
         "On CPU with glibc, keep freed memory in the heap for reuse: no page faults re-mapping each "
-        "step's embedding gradient. auto: on when the CPU trains in bf16 (measured faster there, slower "
-        "in fp32); false leaves glibc's own behaviour untouched.",
+        "step's embedding gradient, at the cost of keeping memory freed after the peak. auto: on when "
+        "the CPU trains in bf16, where the saved faults pay; off in fp32, where they do not "
+        "(docs/benchmarks.md); false leaves glibc's own behaviour untouched.",
         default="auto",
     )
     torch_compile: bool = _help(
-        "Compile the model with torch.compile (inductor, dynamic shapes): slower than eager on CPU; on an "
-        "H100 1.12x per BERT-base step after ~60 s of compiling, a gain only over ~18k+ steps.",
+        "Compile the model with torch.compile (inductor, dynamic shapes). Pays off only on long GPU runs: "
+        "compiling costs about a minute and each step gains little back; on CPU eager is faster. "
+        "See docs/benchmarks.md.",
         default=False,
     )
     torch_compile_mode: TorchCompileMode | None = _help(

@@ -346,7 +346,7 @@ class LengthGroupedSampler(Sampler[int]):
     Each chunk of `mega_batches` shuffled global batches is sorted by length and cut into batches,
     so little of a batch is padding, and those batches are shuffled again: left sorted (HF Trainer's
     group_by_length) the steps run from long pairs to short ones in a sawtooth, which cost MiniLM
-    0.9 points of MNLI accuracy in 1-epoch runs (3 seeds; docs/design.md has the table). The order is a
+    MNLI accuracy in 1-epoch runs (docs/design.md has the table). The order is a
     pure function of (seed, epoch): Accelerate shards it by whole batches (`global_batch_size` is the
     per-device batch times the processes, so one step's ranks get similar lengths), and a resumed run
     that sets the same epoch and skips the finished batches sees exactly the same data.
@@ -394,8 +394,8 @@ class PadCollator:
     """The batches of transformers' DataCollatorWithPadding (pad ids from the tokenizer, its padding
     side, the longest pair rounded up to `pad_to_multiple_of`), filled in numpy.
 
-    The tokenizer's `pad` took 5.2 ms for 32 MNLI pairs on a 2-core Xeon, this 0.35 ms. It runs in
-    the training process between steps: on a GPU, whose small steps are bound by the CPU launching
+    Much faster than the tokenizer's `pad` (docs/design.md has the figures), which matters: it runs
+    in the training process between steps: on a GPU, whose small steps are bound by the CPU launching
     kernels, the GPU waits for it.
     """
 
@@ -517,7 +517,7 @@ def build_dataloaders(
     loaders = {}
     for name, split in tokenized.items():
         inputs = split.select_columns([c for c in MODEL_INPUTS if c in split.column_names])
-        # A list: datasets' lazy Column reads Arrow on every index (~0.25 ms), 2.5 s per 10k-row sort.
+        # A list: datasets' lazy Column reads Arrow on every index, which makes a sort by it slow.
         lengths = split.select_columns(["length"]).to_dict()["length"]
         if name == "train":
             sampler = LengthGroupedSampler(

@@ -1,7 +1,7 @@
 """Packed dropout: the same Bernoulli masks from a quarter of the random draws, for CPU training.
 
-On CPU, torch draws dropout masks with one mt19937 call (or more) per element on one thread:
-`bernoulli_` cost 41 ms of a 225 ms MiniLM step here (18%), more than all the attention matmuls.
+On CPU, torch draws dropout masks with one mt19937 call (or more) per element on one thread: in a
+small encoder's step `bernoulli_` can cost more than all the attention matmuls (docs/log.md).
 Packed dropout asks the same generator for 64-bit words and splits each into four 16-bit uniforms,
 keeping an element when its uniform is at or above p (p rounded to a multiple of 1/65536, at most
 7.6e-6 off). Same generator, so `--seed`, the RNG state in checkpoints and exact resume work as
@@ -43,9 +43,9 @@ def packed_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 class _MaskAndScale(torch.autograd.Function):
-    """x * keep * scale, saving only the {0, 1} mask in x's dtype: forward plus backward take about
-    half the time of `torch.where(keep, x * scale, 0)` on CPU. The scale stays a Python float, so a
-    bf16 x is rounded once, as torch's dropout does."""
+    """x * keep * scale, saving only the {0, 1} mask in x's dtype: forward plus backward are faster
+    than `torch.where(keep, x * scale, 0)` on CPU. The scale stays a Python float, so a bf16 x is
+    rounded once, as torch's dropout does."""
 
     @staticmethod
     def forward(ctx, x, keep, scale):

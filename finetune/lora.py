@@ -6,7 +6,7 @@ the frozen base weights and the adapter together, so checkpoints resume exactly.
 is merged (base + B·A·alpha/r) into a plain transformers model that `pipeline` loads without peft;
 the adapter alone goes to `adapter/` for `PeftModel.from_pretrained`.
 
-peft is imported inside the functions: a run without --use_peft never pays its ~3 s import.
+peft is imported inside the functions: a run without --use_peft never pays for importing it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Padding-free encoders: every layer but attention runs on the real tokens only.
 
-Length-grouped MNLI batches are still 1.12x their real tokens (mega-batches of 16), and random ones
-2.33x. Linear layers, GELU, LayerNorm and dropout work token by token, so the encoder takes the
+Length-grouped batches still carry some padding, random ones much more (docs/design.md has the
+ratios for MNLI). Linear layers, GELU, LayerNorm and dropout work token by token, so the encoder takes the
 batch's real tokens packed into one row; attention, which needs the batch x length shape, gets its
 queries, keys and values padded back (padded keys masked as before) and returns real tokens only.
 The pooler sees the usual padded shape again. Same weights, same function: logits and gradients
 equal the padded model's up to float rounding (tests check both). The price is a token count and two
-nonzero() per forward, which wait for a GPU, and a few index copies per layer; on a 2-core CPU a
-MiniLM step took 714 instead of 757 ms (fp32, `make bench-steps`). A few padding tokens join the
-real ones to round their count up to a multiple of 16, which bf16 matmuls run faster on. On an H100,
-where a BERT-base step at batch 32 is bound by launching kernels, not by arithmetic, it took 55
-instead of 32 ms: off there.
+nonzero() per forward, which wait for a GPU, and a few index copies per layer; on CPUs without AMX
+the work saved outweighs it (`make bench-steps ARGS="--compare padding_free"`; docs/benchmarks.md).
+A few padding tokens join the real ones to round their count up to a multiple of 16, which bf16
+matmuls run faster on. On a GPU, where a small encoder's step is bound by launching kernels, not by
+arithmetic, the extra launches and waits cost more than they save: off there.
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ WRAPPED_ATTENTION = {
 }
 
 
-# bf16 matmuls over a count of rows that is a multiple of 16 ran ~20% faster than over the bare
-# count on an AVX512-BF16 CPU (a MiniLM feed-forward, forward and backward: 14.1 against 17.2-18.1 ms);
-# fp32 ones did not care.
+# bf16 matmuls over a count of rows that is a multiple of 16 run faster than over the bare count on
+# AVX512-BF16 CPUs; fp32 ones do not care (`make bench-steps ARGS="--compare rows_multiple"`).
 ROWS_MULTIPLE = 16
 
 
@@ -66,9 +65,10 @@ def supports_padding_free(model: nn.Module) -> bool:
 
 
 def resolve_padding_free(config: TrainConfig, model: nn.Module, device_type: str) -> str:
-    """--padding_free as "true" or "false". auto: on CPU, where it was measured faster, except on CPUs
-    with AMX, whose padded matmuls measured faster; not on GPUs (more launches and a wait per
-    forward), nor under torch.compile (nonzero() breaks the graph)."""
+    """--padding_free as "true" or "false". auto: on CPU, where the work saved outweighs the packing,
+    except on CPUs with AMX, whose padded matmuls are fast enough that it does not pay; not on GPUs
+    (more launches and a wait per forward), nor under torch.compile (nonzero() breaks the graph).
+    docs/benchmarks.md has the figures."""
     if config.padding_free == "auto":
         wanted = (
             device_type == "cpu"

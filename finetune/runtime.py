@@ -25,8 +25,7 @@ def bf16_is_fast() -> bool:
     """CUDA with bf16 tensor cores, or a CPU with native bf16 matrix instructions (AVX512-BF16/AMX).
 
     Not oneDNN's `_is_mkldnn_bf16_supported()`: it is also true on plain AVX-512 CPUs (Skylake to
-    Ice Lake Xeons), which emulate bf16; on a 2-core Ice Lake a 2048² bf16 matmul ran at 0.058
-    TFLOP/s against 0.24 in fp32, and a MiniLM training step took 2.3x as long in bf16.
+    Ice Lake Xeons), which emulate bf16 and train slower in it than in fp32 (docs/log.md, 2026-11-23).
     """
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
@@ -76,8 +75,8 @@ def keep_freed_memory() -> bool:
 
 
 def resolve_keep_freed_memory(requested: str, device_type: str, mixed_precision: str) -> str:
-    """--keep_freed_memory as "true" or "false". auto: on for CPU training in bf16, where it measured
-    faster per step; off in fp32, where it measured slower (on an Ice Lake VM). GPUs: off."""
+    """--keep_freed_memory as "true" or "false". auto: on for CPU training in bf16, where the page
+    faults it saves pay; off in fp32, where they did not (docs/benchmarks.md). GPUs: off."""
     if requested != "auto":
         return requested
     return "true" if device_type == "cpu" and mixed_precision == "bf16" else "false"
