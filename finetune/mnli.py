@@ -62,6 +62,7 @@ from finetune.report import (
     CURVES_FILE,
     changed_flags,
     hardware,
+    is_model_card,
     plot_confusion_matrix,
     plot_training_curves,
     push_to_hub,
@@ -148,7 +149,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     identity = identity or run_identity(args, launcher_world_size())
     output_dir = Path(args.output_dir)
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)
-    check_output_dir(args, resuming=resume is not None)
+    check_output_dir(args, resume is not None, identity)
     take_lock(output_dir)  # rank 0: one run per output folder, until close() (or run_config's failure)
     trackers = trackers_for(args.report_to)
     wandb_notice = wandb_offline_notice(trackers)
@@ -357,9 +358,12 @@ def execute(run: Run) -> dict:
                     output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys(per_class=False)
                 )
             wall_s = time.perf_counter() - run.started_s
-            with writing("the model card (README.md)", output_dir):
-                card = output_dir / "README.md"
-                write_model_card(card, config, task, results, run.rows, machine, wall_s, run.given_flags)
+            card = output_dir / "README.md"
+            if card.exists() and not (card.is_file() and is_model_card(card)):  # the user's: kept
+                print(f"{card} is not a model card of finetune's: kept as it is, no model card written")
+            else:
+                with writing("the model card (README.md)", output_dir):
+                    write_model_card(card, config, task, results, run.rows, machine, wall_s, run.given_flags)
         with writing(CONFUSION_FILE, output_dir):  # custom single-label tasks only
             plot_confusion_matrix(results, output_dir / CONFUSION_FILE)
         # Last: results.json marks a finished run.

@@ -14,7 +14,7 @@ from finetune.config import ConfigError, TrainConfig
 from finetune.identity import differences
 from finetune.lora import ADAPTER_DIR
 from finetune.modeling import TOKENIZER_FILES
-from finetune.report import CONFUSION_FILE, CURVES_FILE
+from finetune.report import CONFUSION_FILE, CURVES_FILE, is_model_card
 from finetune.runtime import launcher_rank
 
 RUN_RECORD = (
@@ -29,8 +29,10 @@ MODEL_FILES = ("config.json", "generation_config.json", "special_tokens_map.json
                "merges.txt", "chat_template.jinja", *TOKENIZER_FILES)  # fmt: skip
 
 
-def check_output_dir(config: TrainConfig, resuming: bool) -> None:
-    """Before anything heavy: a usable folder, not the model's own, never silently over a finished run."""
+def check_output_dir(config: TrainConfig, resuming: bool, identity: dict) -> None:
+    """Before anything heavy: a usable folder, not the model's own, never silently over a finished run,
+    an earlier run's outputs or another model's files (an unfinished start of this very run, the same
+    `identity`, starts over)."""
     output_dir = Path(config.output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"--output_dir {output_dir} is a file; give a folder path")
@@ -63,6 +65,30 @@ def check_output_dir(config: TrainConfig, resuming: bool) -> None:
             "it with --resume_from_checkpoint auto, pass --overwrite_output_dir to remove them and start "
             "over, or choose another folder"
         )
+    replaced = earlier_outputs(output_dir)
+    if replaced and not (overwrite or resuming or _records(output_dir, identity)):
+        raise ConfigError(
+            f"--output_dir {output_dir} holds files of an earlier run or another model "
+            f"({', '.join(replaced)}) that this run would replace; choose another folder, or pass "
+            "--overwrite_output_dir to replace them"
+        )
+
+
+def earlier_outputs(output_dir: Path) -> list[str]:
+    """What this run would write over: an earlier run's model, best model, adapter, records and plots, or
+    another model's files (a README of the user's is never written over, so it is not listed)."""
+    found = [name for name in (BEST_MODEL_DIR, ADAPTER_DIR, *RUN_RECORD) if (output_dir / name).exists()]
+    model = [*output_dir.glob("model*.safetensors"), *(output_dir / n for n in MODEL_FILES)]
+    return found + (["model files"] if any(p.exists() for p in model) else [])
+
+
+def _records(output_dir: Path, identity: dict) -> bool:
+    """The folder's train_config.json records this run (a start that ended before its first checkpoint)."""
+    try:
+        recorded = json.loads((output_dir / "train_config.json").read_text()).get("identity")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return recorded is not None and not differences(recorded, identity)
 
 
 def finished_run(config: TrainConfig, identity: dict) -> dict | None:
@@ -103,7 +129,7 @@ def remove_earlier_run(output_dir: Path) -> None:
     weights = [*output_dir.glob("model*.safetensors"), output_dir / "model.safetensors.index.json"]
     model = [*weights, *(output_dir / n for n in MODEL_FILES)]
     card = output_dir / "README.md"
-    if card.is_file() and not _is_model_card(card):
+    if card.is_file() and not is_model_card(card):
         card = None  # the user's own README
     found = [p for p in (*checkpoints, *partial, *record, *model, card) if p is not None and p.exists()]
     for p in found:
@@ -126,9 +152,3 @@ def remove_earlier_run(output_dir: Path) -> None:
             f"--overwrite_output_dir: removed the earlier run's {len(checkpoints)} checkpoint(s){listed} "
             f"from {output_dir}"
         )
-
-
-def _is_model_card(path: Path) -> bool:
-    """The card report.write_model_card writes (its front matter), not a README of the user's."""
-    head = path.read_text(errors="replace")[:400]
-    return head.startswith("---\nlibrary_name: transformers\n") and "tags: [finetune," in head

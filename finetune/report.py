@@ -53,6 +53,12 @@ def changed_flags(config: TrainConfig) -> dict:
     }
 
 
+def is_model_card(path: Path) -> bool:
+    """The card `write_model_card` writes (its front matter), not a README of the user's."""
+    head = path.read_text(errors="replace")[:400]
+    return head.startswith("---\nlibrary_name: transformers\n") and "tags: [finetune," in head
+
+
 def write_model_card(
     path: Path,
     config: TrainConfig,

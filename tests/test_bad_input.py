@@ -542,11 +542,17 @@ def test_single_class_training_data(good, finished, tmp_path, capsys):
 
 
 def test_an_output_file_that_cannot_be_written(good, finished, tmp_path, capsys):
-    """train_config.json that can't be replaced (a folder of that name: root ignores read-only bits)."""
+    """results.json that can't be written (a folder of that name, made once the run has started: root
+    ignores read-only bits)."""
     out = tmp_path / "new"
-    (out / "train_config.json").mkdir(parents=True)
-    last = fails_cleanly(good, finished, "", capsys, exit_code=1)
-    assert last.startswith(f"error: writing train_config.json in {out} failed (Is a directory)")
+
+    def build(*launch):
+        run = setup(*launch)
+        (out / "results.json").mkdir()
+        return run
+
+    last = fails_cleanly(good, finished, "", capsys, build=build, exit_code=1)
+    assert last.startswith(f"error: writing results.json in {out} failed (Is a directory)")
 
 
 @pytest.mark.subprocess

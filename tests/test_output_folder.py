@@ -1,0 +1,56 @@
+"""The output folder is never written over silently: another model's files, an earlier run's outputs
+without results.json (stopped while exporting), the user's own README (issue 32, cases 1 and 2)."""
+
+from __future__ import annotations
+
+import shutil
+
+from finetune.mnli import cli
+from tests.helpers import reset_accelerate, tiny_args
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def refused(capsys, argv, folder) -> str:
+    before = snapshot(folder)
+    capsys.readouterr()
+    assert cli(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert snapshot(folder) == before
+    reset_accelerate()
+    return last
+
+
+def test_a_folder_holding_another_model_and_a_readme_is_refused_and_the_readme_kept(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    out = shutil.copytree(tiny_model_dir, tmp_path / "gpt2-copy")
+    (out / "README.md").write_text("# My notes on this model\n")
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2")
+    last = refused(capsys, args, out)
+    assert last.startswith(f"error: --output_dir {out} holds files of an earlier run or another model")
+    assert "model files" in last and "--overwrite_output_dir" in last
+    # Told to replace them: the model is replaced, the user's README is not.
+    model_before = (out / "model.safetensors").read_bytes()
+    assert cli([*args, "--overwrite_output_dir"]) == 0
+    assert (out / "README.md").read_text() == "# My notes on this model\n"
+    assert f"{out / 'README.md'} is not a model card of finetune's: kept as it is" in capsys.readouterr().out
+    assert (out / "model.safetensors").read_bytes() != model_before and (out / "results.json").exists()
+
+
+def test_an_export_stopped_before_results_json_is_protected_from_another_run(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """A run stopped while exporting leaves best_model/ and the model but no results.json: another run
+    is refused (it would replace that best model); the same run starts over and finishes."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2")
+    assert cli(args) == 0
+    reset_accelerate()
+    (out / "results.json").unlink()
+    last = refused(capsys, [*args, "--learning_rate", "1e-3"], out)
+    assert "best_model" in last and "train_config.json" in last and "--overwrite_output_dir" in last
+    assert cli(args) == 0  # this run's own unfinished folder
+    assert (out / "results.json").exists()
