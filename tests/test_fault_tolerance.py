@@ -206,6 +206,31 @@ def test_sigterm_checkpoints_exits_and_resumes_the_same_wandb_run(
 
 
 @pytest.mark.multiprocess
+def test_sigterm_to_the_launcher_stops_every_worker_with_a_checkpoint(
+    unbroken, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """`kill <accelerate launch's pid>` (a user, a scheduler): the launcher forwards SIGTERM to the
+    workers, which finish their step, save one checkpoint and exit; the relaunch continues exactly."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, *training_args(2))
+    config = "accelerate_configs/cpu_multiprocess.yaml"
+    accelerate = [os.path.join(BIN, "accelerate"), "launch", "--config_file", config, "--main_process_port",
+                  str(free_port())]  # fmt: skip
+    told = {**signal_at(STOP_AT[2], "TERM", ranks="0"), "TARGET": "launcher"}
+    stopped = run_cli([*accelerate, "tests/probes/signal_at_step.py", *args], env=told)
+    # run_cli returned, so no worker holds its output pipes any more: every worker has exited.
+    log = stopped.stdout + stopped.stderr
+    lines = [line for line in re.split(r"[\r\n]", log) if line.startswith("stopped by SIGTERM after step ")]
+    assert stopped.returncode != 0 and len(lines) == 1, log[-3000:]
+    step = int(lines[0].split()[5].rstrip(";"))
+    assert (out / f"checkpoint-{step}" / "trainer_state.json").exists() and not (
+        out / "results.json"
+    ).exists()
+    resume(2, args, capsys)
+    assert_bitwise_equal(out, unbroken(2))
+
+
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])
 def test_torchrun_restarts_a_crashed_worker_and_resumes(tiny_model_dir, nli_files, tmp_path, rendezvous):
     """Rank 1 is killed mid-epoch on the first attempt; the agent restarts both ranks, which resume.

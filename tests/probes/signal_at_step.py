@@ -1,6 +1,8 @@
 """finetune that sends itself SIG$SIGNAL (KILL or TERM) during optimizer step $AT_STEP.
 
-Only the ranks listed in $RANKS (default: every rank) send it, on a torchrun restart none does. The
+Only the ranks listed in $RANKS (default: every rank) send it, on a torchrun restart none does. With
+TARGET=launcher it goes to the worker's parent instead: the launcher (`accelerate launch` runs torch's
+elastic agent in its own process), as a user's `kill` or a scheduler would send it. The
 real scheduler's step is wrapped: it runs once per optimizer step, after the weights changed and
 before the step is counted, logged or checkpointed. So SIGKILL loses step $AT_STEP and everything
 since the last checkpoint, at the same step on every run; SIGTERM reaches the run's own handler,
@@ -15,6 +17,7 @@ from finetune.mnli import cli, setup
 
 at, signum = int(os.environ["AT_STEP"]), signal.Signals[f"SIG{os.environ['SIGNAL']}"]
 ranks = {int(rank) for rank in os.environ.get("RANKS", "0,1").split(",")}
+target = os.getppid() if os.environ.get("TARGET") == "launcher" else os.getpid()
 
 
 def setup_with_signal(*launch):
@@ -25,7 +28,7 @@ def setup_with_signal(*launch):
         def step_then_signal(*args, **kwargs):
             scheduler_step(*args, **kwargs)
             if run.state.global_step + 1 == at:
-                os.kill(os.getpid(), signum)
+                os.kill(target, signum)
 
         run.scheduler.step = step_then_signal
     return run
