@@ -15,9 +15,10 @@ from datetime import datetime
 import pytest
 import torch
 
-from finetune.checkpoint import damage
-from finetune.lock import LOCK_FILE, take_lock
-from finetune.mnli import cli, main, setup
+from finetune.mnli import cli, main
+from finetune.output.lock import LOCK_FILE, take_lock
+from finetune.run import setup
+from finetune.training.checkpoint import damage
 from tests.helpers import reset_accelerate, tiny_args, weights
 from tests.test_bad_input import fails_cleanly, snapshot, with_flag
 
@@ -300,7 +301,7 @@ def test_random_bytes_of_the_same_size_are_damage_not_an_unsafe_pickle(unbroken,
 
 
 def test_a_model_named_by_another_path_is_the_same_model(tiny_model_dir, monkeypatch):
-    from finetune.checkpoint import same_model
+    from finetune.training.checkpoint import same_model
 
     monkeypatch.chdir(tiny_model_dir.parent)
     shapes = " (999 parameters, shapes 0123456789ab)"

@@ -11,9 +11,10 @@ from transformers import (
     XLMRobertaConfig,
 )
 
-from finetune.config import ConfigError, TrainConfig
-from finetune.kernels import use_packed_dropout
-from finetune.padding_free import resolve_padding_free, supports_padding_free, use_padding_free
+from finetune.config.train_config import TrainConfig
+from finetune.errors import ConfigError
+from finetune.speed.packed_dropout import use_packed_dropout
+from finetune.speed.padding_free import resolve_padding_free, supports_padding_free, use_padding_free
 
 TINY = {
     "vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
