@@ -54,7 +54,8 @@ class Run:
 
 
 def train(run: Run, stop: StopSignals):
-    """Optimizer steps until `plan.total_updates` or early stopping, evaluating on --eval_strategy.
+    """Collective: optimizer steps until `plan.total_updates` or early stopping, evaluating on
+    --eval_strategy.
 
     Returns the run's training seconds and evaluation seconds, each summed over its segments (a resumed
     run adds the seconds its checkpoint recorded); the evaluations are in `run.state`. A stop signal ends
@@ -93,34 +94,22 @@ def train(run: Run, stop: StopSignals):
                 if state.global_step >= plan.total_updates:  # also: resumed after the last step
                     break
                 labels = batch.pop("labels")
-                with accelerator.accumulate(model):
+                with accelerator.accumulate(model):  # no gradient all-reduce until the window's last one
                     summed = loss_sum(model(**batch).logits, labels, run.task)
                     # Scaled as the mean over a full micro-batch; Accelerate divides by the accumulation
                     # steps and DDP averages over ranks, so a full window yields the mean over its pairs.
                     accelerator.backward(summed / config.per_device_train_batch_size)
-                    window_samples += labels.shape[0]
-                    state.micro_batches_in_epoch += 1
-                    meter.add(summed, batch["attention_mask"], labels.shape[0])
-                    if accelerator.sync_gradients:
-                        meter.grad_norm = _optimizer_step(run, window_samples, full_window)  # on the device
-                        state.global_step += 1
-                        window_samples = 0
-                        progress.update(1)
-                        if (
-                            state.global_step % config.logging_steps == 0
-                            or state.global_step == plan.total_updates
-                        ):
-                            record = _train_record(run, meter)  # collective; reads the device
-                            if accelerator.is_main_process:
-                                run.log.log(record)
-                            progress.set_postfix(
-                                loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_second']:.0f}"
-                            )
-                        # Before the checkpoint, so one written at this step holds this evaluation's counters.
-                        meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
-                        _checkpoint_or_stop(run, stop)  # collective
-                        if stopped_early(config, state):
-                            break
+                window_samples += labels.shape[0]
+                state.micro_batches_in_epoch += 1
+                meter.add(summed, batch["attention_mask"], labels.shape[0])
+                if not accelerator.sync_gradients:  # the same on every rank: the window goes on
+                    continue
+                meter.grad_norm = _optimizer_step(run, window_samples, full_window)  # collective; on device
+                state.global_step += 1
+                window_samples = 0
+                progress.update(1)
+                if after_update(run, metric, stop, progress):  # collective: log, evaluate, checkpoint, stop
+                    break
             if stopped_early(config, state):
                 break  # mid-epoch: the state stays at the step where it stopped
             state.epoch, state.micro_batches_in_epoch = epoch + 1, 0
@@ -131,6 +120,22 @@ def train(run: Run, stop: StopSignals):
     _raise_if_diverged(run)  # before the caller exports the model
     meter.flush(accelerator, state)  # collective: pairs not yet logged still count toward throughput
     return meter.run_seconds()
+
+
+def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
+    """Collective: what follows an optimizer update, in this order: the log line when one is due (rank 0
+    writes it), the evaluation when one is due, the checkpoint when one is due, a stop signal's checkpoint
+    and `TrainingInterrupted`. Returns whether early stopping ends training here."""
+    accelerator, config, state, meter = run.accelerator, run.config, run.state, run.meter
+    if state.global_step % config.logging_steps == 0 or state.global_step == run.plan.total_updates:
+        record = _train_record(run, meter)  # collective; reads the device
+        if accelerator.is_main_process:
+            run.log.log(record)
+        progress.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_second']:.0f}")
+    # Before the checkpoint, so one written at this step holds this evaluation's counters.
+    meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
+    _checkpoint_or_stop(run, stop)  # collective
+    return stopped_early(config, state)
 
 
 def _optimizer_step(run: Run, window_samples: int, full_window: int) -> torch.Tensor:
