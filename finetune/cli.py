@@ -14,8 +14,8 @@ from finetune.run import run_config
 
 
 def cli(argv: list[str] | None = None, build=None) -> int:
-    """The command line: a mistake or failure the user can act on is one line on stderr
-    (with `--debug`, its traceback)."""
+    """Collective: the command line; a mistake or failure the user can act on is one line on stderr
+    (with `--debug`, its traceback). Returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again, handled below
@@ -43,4 +43,5 @@ def cli(argv: list[str] | None = None, build=None) -> int:
 
 
 def main(argv: list[str] | None = None, build=None) -> dict:
+    """Collective: `cli` for Python callers; returns the results and raises what `cli` reports."""
     return run_config(parse_config(argv), build)

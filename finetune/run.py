@@ -53,6 +53,8 @@ from finetune.training.steps import plan_steps
 
 
 def run_config(config: TrainConfig, build=None) -> dict:
+    """Collective: the run `config` describes, `setup` to `close`; its results (a finished run's, read
+    back, when relaunched after the end). A failed start or run gives the output folder back."""
     finished = finished_run(config)
     if finished is not None:
         return finished  # relaunched after the end: nothing to do, nothing changed
@@ -73,7 +75,7 @@ def run_config(config: TrainConfig, build=None) -> dict:
 
 
 def setup(config: TrainConfig) -> Run:
-    """Accelerator, data, model, optimizer, schedule, trackers; resumed state if asked for."""
+    """Collective: accelerator, data, model, optimizer, schedule, trackers; resumed state if asked for."""
     started_s = time.perf_counter()
     output_dir = Path(config.output_dir)
     resume = resolve_resume(config.resume_from_checkpoint, config.output_dir)
@@ -178,8 +180,8 @@ def resolve_metric_for_best_model(config: TrainConfig, task, splits: dict) -> No
 
 
 def execute(run: Run) -> dict:
-    """Train (unless --do_train false), evaluate, predict (--do_predict); export the model, its
-    card and curves; write results.json."""
+    """Collective: train (unless --do_train false), evaluate, predict (--do_predict); export the model,
+    its card and curves; write results.json."""
     accelerator, config, state, task = run.accelerator, run.config, run.state, run.task
     output_dir = Path(config.output_dir)
     results = {}

@@ -10,8 +10,8 @@ from finetune.data.tasks import Task
 def tokenize_splits(
     task: Task, splits: dict[str, Dataset], tokenizer, max_length: int, accelerator
 ) -> dict[str, Dataset]:
-    """Token ids plus a `length` column (test: the `row` number instead of labels); cached by
-    `datasets`, so a second run skips the work."""
+    """Collective (rank 0 tokenizes first): token ids plus a `length` column (test: the `row` number
+    instead of labels); cached by `datasets`, so a second run skips the work."""
 
     def encode(batch, rows):
         texts = [[str(t) if t is not None else "" for t in batch[c]] for c in task.text_columns]

@@ -27,6 +27,8 @@ def resolve_mixed_precision(requested: str) -> str:
 
 
 def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
+    """Collective: the Accelerator (it joins the launcher's process group), or a ConfigError for a
+    launch that would not train one model."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible not in (None, "", "-1") and not torch.cuda.is_available():
         raise ConfigError(
@@ -68,8 +70,8 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
 
 
 def join_restarted_job() -> None:
-    """After a torchrun/`accelerate launch --max_restarts` restart, join the process group under a
-    store prefix of this attempt.
+    """Collective: after a torchrun/`accelerate launch --max_restarts` restart, join the process group
+    under a store prefix of this attempt.
 
     The elastic agent keeps one TCPStore for the whole job and the workers' process group reads its
     peers' addresses from it without an attempt prefix (pytorch/pytorch#135712): a restarted rank

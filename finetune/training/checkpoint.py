@@ -308,6 +308,7 @@ def damage(path: Path) -> str | None:
 
 
 def load_checkpoint(accelerator, path: Path, world_size: int, signature: str, training: dict) -> TrainState:
+    """Collective: the checkpoint's state into the prepared objects, refused unless it is this run's."""
     record = json.loads((path / STATE_FILE).read_text())
     if record.get("model_signature") is not None and not same_model(record["model_signature"], signature):
         raise ConfigError(

@@ -15,6 +15,7 @@ METRICS_DIR = Path(__file__).parents[1] / "metrics"
 
 
 def load_metric(task: Task, accelerator):
+    """Collective (rank 0 first): the task's metric module."""
     # The metric module ships with the package, so this needs no Hub; rank 0 copies it into the
     # modules cache first so ranks do not race on that copy.
     with accelerator.main_process_first():
