@@ -23,7 +23,7 @@ demo: install
 
 # The real recipe (bert-base-cased on GLUE MNLI, 3 epochs); needs the Hugging Face Hub.
 train: install
-	$(BIN)/accelerate launch finetune/mnli.py --output_dir outputs/mnli $(ARGS)
+	$(BIN)/accelerate launch -m finetune --output_dir outputs/mnli $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest
@@ -34,7 +34,7 @@ test-quick: install
 
 # docs/flags.md from TrainConfig (a test fails when it is out of date).
 flags: install
-	$(BIN)/python -m finetune.flags > docs/flags.md
+	$(BIN)/python -m finetune.config.flags > docs/flags.md
 
 # This toolkit vs HF Trainer (defaults and tuned) vs a bare Accelerate loop; ~10 minutes on 2 cores.
 bench: install

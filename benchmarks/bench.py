@@ -135,7 +135,7 @@ def main() -> None:
 def run_benchmark(args) -> None:
     import torch
 
-    from finetune.runtime import resolve_mixed_precision
+    from finetune.distributed.accelerator import resolve_mixed_precision
 
     precision = resolve_mixed_precision("auto")
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -438,7 +438,7 @@ def _non_embedding_parameters(args) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    from finetune.modeling import non_embedding_parameters
+    from finetune.model.flops import non_embedding_parameters
 
     config = AutoConfig.from_pretrained(args.model_name_or_path, num_labels=3)
     with torch.device("meta"):  # shapes only: nothing is read or allocated
@@ -532,7 +532,7 @@ def _run_trainer(args, tuned: bool) -> dict:
         TrainingArguments,
     )
 
-    from finetune.runtime import resolve_mixed_precision
+    from finetune.distributed.accelerator import resolve_mixed_precision
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path)
     model = AutoModelForSequenceClassification.from_pretrained(args.model_name_or_path, num_labels=3)
@@ -579,11 +579,12 @@ def run_bare(args) -> dict:
         get_scheduler,
     )
 
-    from finetune.data import LengthGroupedSampler, PadCollator
-    from finetune.kernels import use_packed_dropout
-    from finetune.modeling import build_optimizer
-    from finetune.padding_free import use_padding_free
-    from finetune.runtime import keep_freed_memory, resolve_mixed_precision
+    from finetune.data.batching import LengthGroupedSampler, PadCollator
+    from finetune.distributed.accelerator import resolve_mixed_precision
+    from finetune.model.optimizer import build_optimizer
+    from finetune.speed.malloc import keep_freed_memory
+    from finetune.speed.packed_dropout import use_packed_dropout
+    from finetune.speed.padding_free import use_padding_free
 
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(), mixed_precision=resolve_mixed_precision("auto")
@@ -651,8 +652,9 @@ def run_prep(args) -> dict:
     from accelerate import Accelerator
     from transformers import AutoTokenizer
 
-    from finetune.config import TrainConfig
-    from finetune.data import load_splits, tokenize_splits
+    from finetune.config.train_config import TrainConfig
+    from finetune.data.splits import load_splits
+    from finetune.data.tokenization import tokenize_splits
 
     with tempfile.TemporaryDirectory() as tmp:
         rows = Path(_files(args)["train"]).read_text()

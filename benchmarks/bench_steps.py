@@ -12,7 +12,7 @@ drift hits both alike:
                  (not rounded up to a multiple of 16)
   trainer_tuned  the toolkit's default against Trainer tuned's step: torch dropout, padded layers,
                  its own group_by_length batches (same rows, same count), glibc's malloc settings
-  loop           the toolkit's whole training loop (`finetune.loop.train`) against the bare
+  loop           the toolkit's whole training loop (`finetune.training.loop.train`) against the bare
                  Accelerate loop of `make bench`, on one model, optimizer and loader: each side runs
                  --batches steps in turn, --repeats rounds, both on the same epoch's batches in a round
 
@@ -35,16 +35,11 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, Data
 from transformers.trainer_pt_utils import LengthGroupedSampler as TrainerLengthGroupedSampler
 
 from benchmarks.bench import SHARED_MNLI, _packaged_minilm, _tokenized, bare_step
-from finetune.data import LengthGroupedSampler
-from finetune.kernels import use_packed_dropout
-from finetune.padding_free import ROWS_MULTIPLE, use_padding_free
-from finetune.runtime import (
-    _M_MMAP_MAX,
-    _M_TRIM_THRESHOLD,
-    _glibc_mallopt,
-    keep_freed_memory,
-    resolve_mixed_precision,
-)
+from finetune.data.batching import LengthGroupedSampler
+from finetune.distributed.accelerator import resolve_mixed_precision
+from finetune.speed.malloc import _M_MMAP_MAX, _M_TRIM_THRESHOLD, _glibc_mallopt, keep_freed_memory
+from finetune.speed.packed_dropout import use_packed_dropout
+from finetune.speed.padding_free import ROWS_MULTIPLE, use_padding_free
 
 
 class Setup(NamedTuple):
@@ -131,11 +126,11 @@ def compare_loop(args) -> None:
     import dataclasses
     import tempfile
 
-    from finetune.checkpoint import TrainState
-    from finetune.config import parse_config
-    from finetune.loop import train
-    from finetune.mnli import close, setup
-    from finetune.runtime import StopSignals
+    from finetune.config.parser import parse_config
+    from finetune.distributed.signals import StopSignals
+    from finetune.run import close, setup
+    from finetune.training.checkpoint import TrainState
+    from finetune.training.loop import train
 
     with tempfile.TemporaryDirectory() as out:
         data = Path(args.data_dir)

@@ -25,11 +25,11 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 sys.path.insert(0, ".")
-from finetune.attention import use_sync_free_masks, use_varlen_attention  # noqa: E402
-from finetune.data import LengthGroupedSampler, PadCollator, VarlenCollator  # noqa: E402
-from finetune.evaluation import loss_sum  # noqa: E402
-from finetune.modeling import build_optimizer  # noqa: E402
-from finetune.tasks import GLUE_TASKS  # noqa: E402
+from finetune.data.batching import LengthGroupedSampler, PadCollator, VarlenCollator  # noqa: E402
+from finetune.data.tasks import GLUE_TASKS  # noqa: E402
+from finetune.model.optimizer import build_optimizer  # noqa: E402
+from finetune.speed.attention import use_sync_free_masks, use_varlen_attention  # noqa: E402
+from finetune.training.evaluation import loss_sum  # noqa: E402
 
 VARIANTS = {  # name: (pad_to_multiple_of, varlen, torch.compile mode or None)
     "padded_8_eager": (8, False, None),

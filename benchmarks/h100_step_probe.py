@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
 sys.path.insert(0, ".")
-from finetune.data import LengthGroupedSampler  # noqa: E402
-from finetune.modeling import build_optimizer, non_embedding_parameters  # noqa: E402
-from finetune.padding_free import use_padding_free  # noqa: E402
+from finetune.data.batching import LengthGroupedSampler  # noqa: E402
+from finetune.model.flops import non_embedding_parameters  # noqa: E402
+from finetune.model.optimizer import build_optimizer  # noqa: E402
+from finetune.speed.padding_free import use_padding_free  # noqa: E402
 
 model_dir, data_dir, out = sys.argv[1], sys.argv[2], sys.argv[3]
 torch.backends.cuda.matmul.allow_tf32 = True

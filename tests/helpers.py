@@ -124,9 +124,11 @@ def reference_weights(
     from accelerate import Accelerator
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding
 
-    from finetune.config import TrainConfig
-    from finetune.data import LengthGroupedSampler, load_splits, tokenize_splits
-    from finetune.modeling import build_optimizer
+    from finetune.config.train_config import TrainConfig
+    from finetune.data.batching import LengthGroupedSampler
+    from finetune.data.splits import load_splits
+    from finetune.data.tokenization import tokenize_splits
+    from finetune.model.optimizer import build_optimizer
 
     config = TrainConfig(train_file=str(nli_files["train"]), validation_file=str(nli_files["validation"]),
                          max_train_samples=max(max(w) for w in windows) + 1, max_length=64)  # fmt: skip
@@ -201,7 +203,7 @@ def with_fault(fault: str, at_micro_batch: int):
         return output
 
     def build(*launch):
-        from finetune.mnli import setup
+        from finetune.run import setup
 
         run = setup(*launch)
         run.model.register_forward_hook(inject)
@@ -217,7 +219,7 @@ def sigterm_in_first_evaluation(signalled_at: list):
     def build(*launch):
         import time
 
-        from finetune.mnli import setup
+        from finetune.run import setup
 
         run = setup(*launch)
 

@@ -19,14 +19,14 @@ from transformers import (
 )
 from transformers.utils import is_flash_attn_2_available
 
-from finetune.config import TrainConfig
-from finetune.kernels import MODEL_TYPES as PACKED_DROPOUT_TYPES
-from finetune.loading import loading_options, refuse_checkpoint_dtype
+from finetune.config.train_config import TrainConfig
 from finetune.mnli import cli, main
-from finetune.modeling import non_embedding_parameters
-from finetune.padding_free import MODEL_TYPES as PADDING_FREE_TYPES
-from finetune.padding_free import cpu_has_amx
-from finetune.runtime import bf16_is_fast
+from finetune.model.flops import non_embedding_parameters
+from finetune.model.options import loading_options, refuse_checkpoint_dtype
+from finetune.speed.hardware import bf16_is_fast
+from finetune.speed.packed_dropout import MODEL_TYPES as PACKED_DROPOUT_TYPES
+from finetune.speed.padding_free import MODEL_TYPES as PADDING_FREE_TYPES
+from finetune.speed.padding_free import cpu_has_amx
 from tests.backbones import DECODERS, FAMILIES, NO_EOS, build_tiny
 from tests.helpers import SHARED_MNLI, minilm_dir, read_jsonl, reset_accelerate, tiny_args
 

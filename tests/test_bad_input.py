@@ -13,10 +13,12 @@ import signal
 
 import pytest
 
-from finetune.config import ConfigError, parse_config
-from finetune.identity import run_identity
-from finetune.mnli import cli, main, setup
-from finetune.outputs import finished_run
+from finetune.config.identity import run_identity
+from finetune.config.parser import parse_config
+from finetune.errors import ConfigError
+from finetune.mnli import cli, main
+from finetune.output.prerun import finished_run
+from finetune.run import setup
 from tests.helpers import PYTHON, REPO, run_cli, tiny_args, with_fault
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
@@ -438,13 +440,13 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tiny_model_dir, nli_files, 
 def test_ctrl_c_while_reading_the_data_is_one_line(
     tiny_model_dir, nli_files, finished, tmp_path, capsys, monkeypatch
 ):
-    import finetune.mnli
+    import finetune.run
 
     def interrupted(config):
         os.kill(os.getpid(), signal.SIGINT)  # Python's own handler: KeyboardInterrupt, here
         raise AssertionError("not interrupted")
 
-    monkeypatch.setattr(finetune.mnli, "load_splits", interrupted)
+    monkeypatch.setattr(finetune.run, "load_splits", interrupted)
     out = tmp_path / "out"
     last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, out), finished, "", capsys, exit_code=130)
     assert last == (

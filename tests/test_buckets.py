@@ -9,15 +9,11 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoTokenizer
 
-from finetune.config import ConfigError, TrainConfig
-from finetune.data import (
-    PadCollator,
-    VarlenCollator,
-    build_dataloaders,
-    load_splits,
-    resolve_pad_to_multiple_of,
-    tokenize_splits,
-)
+from finetune.config.train_config import TrainConfig
+from finetune.data.batching import PadCollator, VarlenCollator, build_dataloaders, resolve_pad_to_multiple_of
+from finetune.data.splits import load_splits
+from finetune.data.tokenization import tokenize_splits
+from finetune.errors import ConfigError
 from tests.helpers import SHARED_MNLI, minilm_dir
 
 

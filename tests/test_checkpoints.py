@@ -15,9 +15,10 @@ from datetime import datetime
 import pytest
 import torch
 
-from finetune.checkpoint import damage
-from finetune.lock import LOCK_FILE, take_lock
-from finetune.mnli import cli, main, setup
+from finetune.mnli import cli, main
+from finetune.output.lock import LOCK_FILE, take_lock
+from finetune.run import setup
+from finetune.training.checkpoint import damage
 from tests.helpers import reset_accelerate, tiny_args, weights
 from tests.test_bad_input import fails_cleanly, snapshot, with_flag
 

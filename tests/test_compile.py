@@ -6,12 +6,14 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from finetune.attention import use_sync_free_masks, use_varlen_attention, varlen_position_offset
-from finetune.compile import dynamo_plugin
-from finetune.config import TrainConfig
-from finetune.data import build_dataloaders, load_splits, tokenize_splits
-from finetune.evaluation import loss_sum
-from finetune.modeling import load_model_and_tokenizer
+from finetune.config.train_config import TrainConfig
+from finetune.data.batching import build_dataloaders
+from finetune.data.splits import load_splits
+from finetune.data.tokenization import tokenize_splits
+from finetune.model.loading import load_model_and_tokenizer
+from finetune.speed.attention import use_sync_free_masks, use_varlen_attention, varlen_position_offset
+from finetune.speed.compile import dynamo_plugin
+from finetune.training.evaluation import loss_sum
 from tests.helpers import reset_accelerate
 
 
@@ -96,7 +98,7 @@ def test_regional_compilation_compiles_each_layer_on_both_paths(tiny_model_dir):
     from accelerate.utils import compile_regions
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from finetune.data import PadCollator, VarlenCollator
+    from finetune.data.batching import PadCollator, VarlenCollator
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir).eval()

@@ -6,7 +6,9 @@ import typing
 
 import pytest
 
-from finetune.config import OTHER_NAMES, ConfigError, TrainConfig, parse_config, to_dict
+from finetune.config.parser import OTHER_NAMES, parse_config
+from finetune.config.train_config import TrainConfig, to_dict
+from finetune.errors import ConfigError
 from tests.helpers import REPO
 
 RECIPES = REPO / "recipes"
@@ -135,7 +137,7 @@ def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16_natively(
 ):
     import torch
 
-    from finetune.runtime import resolve_mixed_precision
+    from finetune.distributed.accelerator import resolve_mixed_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     # What every AVX-512 CPU answers, native bf16 or not: not the signal to go by.
@@ -151,7 +153,7 @@ def test_auto_precision_is_bf16_only_where_the_cpu_multiplies_bf16_natively(
 
 
 def test_choice_flags_list_their_choices_and_refuse_others():
-    from finetune.config import _Parser
+    from finetune.config.parser import _Parser
 
     help_text = _Parser(TrainConfig).format_help()
     assert "--mixed_precision {auto,no,bf16,fp16}" in help_text
@@ -203,7 +205,7 @@ def test_every_recipe_parses(recipe):
 
 
 def test_flags_doc_is_up_to_date():
-    from finetune.flags import flags_markdown
+    from finetune.config.flags import flags_markdown
 
     committed = (REPO / "docs" / "flags.md").read_text()
     assert committed == flags_markdown(), "docs/flags.md is out of date: run `make flags`"
@@ -212,7 +214,7 @@ def test_flags_doc_is_up_to_date():
 def test_padding_free_auto_is_off_on_cpus_with_amx(monkeypatch):
     from transformers import BertConfig, BertForSequenceClassification
 
-    from finetune import padding_free
+    from finetune.speed import padding_free
 
     bert = BertForSequenceClassification(
         BertConfig(
@@ -230,7 +232,7 @@ def test_padding_free_auto_is_off_on_cpus_with_amx(monkeypatch):
 def test_importing_the_package_registers_nothing_with_transformers():
     """Attention and mask functions are registered by use_*, not by importing a module."""
     code = (
-        "import transformers, finetune.mnli, finetune.padding_free, finetune.kernels\n"
+        "import transformers, finetune.mnli, finetune.speed.padding_free, finetune.speed.packed_dropout\n"
         "from transformers import AttentionInterface\n"
         "from transformers.masking_utils import AttentionMaskInterface\n"
         "names = [*AttentionInterface._global_mapping, *AttentionMaskInterface._global_mapping]\n"

@@ -7,9 +7,12 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoTokenizer, DataCollatorWithPadding
 
-from finetune.config import ConfigError, TrainConfig
-from finetune.data import LengthGroupedSampler, PadCollator, build_dataloaders, load_splits, tokenize_splits
-from finetune.tasks import GLUE_TASKS
+from finetune.config.train_config import TrainConfig
+from finetune.data.batching import LengthGroupedSampler, PadCollator, build_dataloaders
+from finetune.data.splits import load_splits
+from finetune.data.tasks import GLUE_TASKS
+from finetune.data.tokenization import tokenize_splits
+from finetune.errors import ConfigError
 
 LABEL_NAMES = GLUE_TASKS["mnli"].label_names
 
@@ -87,7 +90,7 @@ def test_tokenized_splits_are_cached(tmp_path, tiny_model_dir):
     """A second run on the same data reads the tokenized rows from the datasets cache."""
     from transformers import AutoTokenizer
 
-    from finetune.data import tokenize_splits
+    from finetune.data.tokenization import tokenize_splits
 
     path = write(tmp_path / "rows.jsonl", ROWS)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

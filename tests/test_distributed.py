@@ -16,9 +16,9 @@ import torch
 from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import BatchSampler
 
-from finetune.config import ConfigError
+from finetune.distributed.ranks import check_world_size
+from finetune.errors import ConfigError
 from finetune.mnli import cli, main
-from finetune.runtime import check_world_size
 from tests.helpers import (
     N_VALIDATION,
     PYTHON,

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune.checkpoint import file_checksum
-from finetune.config import ConfigError
+from finetune.errors import ConfigError
 from finetune.mnli import main
+from finetune.training.checkpoint import file_checksum
 from tests.helpers import PYTHON, free_port, read_jsonl, reset_accelerate, run_cli, tiny_args, weights
 
 BIN = os.path.dirname(PYTHON)

@@ -18,7 +18,7 @@ ALLOWED = {"_train_record", "_raise_if_diverged", "flush", "_save", "_evaluate_a
 
 @contextlib.contextmanager
 def host_reads():
-    """Every host read of a tensor made by finetune/loop.py's train() outside ALLOWED and outside
+    """Every host read of a tensor made by finetune/training/loop.py's train() outside ALLOWED and outside
     data loading (the sampler and collator work on CPU tensors by design), as stack summaries."""
     reads: list[str] = []
     originals = {name: getattr(torch.Tensor, name) for name in READS}
@@ -28,11 +28,9 @@ def host_reads():
 
         def read(self, *args, **kwargs):
             frames = traceback.extract_stack()[:-1]
-            in_step = any(f.name == "train" and f.filename.endswith("finetune/loop.py") for f in frames)
+            in_step = any(f.name == "train" and f.filename.endswith("training/loop.py") for f in frames)
             excused = any(
-                f.name in ALLOWED
-                or "torch/utils/data" in f.filename
-                or f.filename.endswith("finetune/data.py")
+                f.name in ALLOWED or "torch/utils/data" in f.filename or "finetune/data/" in f.filename
                 for f in frames
             )
             if in_step and not excused:

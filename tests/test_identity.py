@@ -10,10 +10,19 @@ import shutil
 
 import pytest
 
-from finetune.config import ConfigError, TrainConfig, parse_config
-from finetune.identity import DERIVED, IDENTITY_FLAGS, LEFT_OUT, differences, refuse_other_run, run_identity
+from finetune.config.identity import (
+    DERIVED,
+    IDENTITY_FLAGS,
+    LEFT_OUT,
+    differences,
+    refuse_other_run,
+    run_identity,
+)
+from finetune.config.parser import parse_config
+from finetune.config.train_config import TrainConfig
+from finetune.errors import ConfigError
 from finetune.mnli import cli, main
-from finetune.outputs import finished_run
+from finetune.output.prerun import finished_run
 from tests.helpers import reset_accelerate, tiny_args
 
 
@@ -131,7 +140,7 @@ def test_flags_are_never_changed_by_the_run(tiny_model_dir, nli_files, tmp_path)
     asked = dataclasses.asdict(args)
     with pytest.raises(dataclasses.FrozenInstanceError):
         args.learning_rate = 1.0
-    from finetune.mnli import run_config
+    from finetune.run import run_config
 
     run_config(args)
     assert dataclasses.asdict(args) == asked

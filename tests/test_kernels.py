@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
-from finetune.kernels import LEVELS, PackedDropout, packed_dropout, use_packed_dropout
+from finetune.speed.packed_dropout import LEVELS, PackedDropout, packed_dropout, use_packed_dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.5])

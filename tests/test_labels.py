@@ -76,8 +76,8 @@ def test_a_head_with_other_labels_needs_ignore_mismatched_sizes(trained, nli_fil
 
 
 def test_label_order_decision():
-    from finetune.modeling import REGRESSION_HEAD, settle_label_order
-    from finetune.tasks import GLUE_TASKS
+    from finetune.data.labels import REGRESSION_HEAD, settle_label_order
+    from finetune.data.tasks import GLUE_TASKS
 
     mnli = GLUE_TASKS["mnli"]
     for head in (None, ("LABEL_0", "LABEL_1", "LABEL_2")):  # no head, or one nobody trained
@@ -158,9 +158,9 @@ def test_custom_classification_metrics_class_weights_and_a_carved_validation_spl
 
 
 def test_balanced_class_weights_weight_the_training_loss(tiny_model_dir, tmp_path):
-    from finetune.config import TrainConfig
-    from finetune.data import load_splits
-    from finetune.evaluation import loss_sum
+    from finetune.config.train_config import TrainConfig
+    from finetune.data.splits import load_splits
+    from finetune.training.evaluation import loss_sum
 
     rng = random.Random(1)
     train = tmp_path / "train.jsonl"
@@ -189,9 +189,10 @@ def test_balanced_class_weights_weight_the_training_loss(tiny_model_dir, tmp_pat
 def test_label_smoothing_is_hf_trainers_and_single_label_only(tiny_model_dir, tmp_path):
     from transformers.trainer_pt_utils import LabelSmoother
 
-    from finetune.config import ConfigError, TrainConfig
-    from finetune.data import load_splits
-    from finetune.evaluation import loss_sum
+    from finetune.config.train_config import TrainConfig
+    from finetune.data.splits import load_splits
+    from finetune.errors import ConfigError
+    from finetune.training.evaluation import loss_sum
 
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(random.Random(2), 50)))
@@ -281,8 +282,9 @@ def _custom_file(folder, name, cells):
 def test_label_cells_as_users_write_them(tmp_path, capsys):
     """JSON booleans are two classes; an empty label is named by row, before any training; whole-number
     floats stay a regression (as in HF's run_classification.py), and the task line says how to get classes."""
-    from finetune.config import ConfigError, TrainConfig
-    from finetune.data import load_splits
+    from finetune.config.train_config import TrainConfig
+    from finetune.data.splits import load_splits
+    from finetune.errors import ConfigError
 
     def load(cells):
         path = _custom_file(tmp_path, f"{len(list(tmp_path.iterdir()))}.jsonl", cells)

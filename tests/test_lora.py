@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from finetune.config import ConfigError
+from finetune.errors import ConfigError
 from finetune.mnli import cli, main
 from tests.backbones import build_tiny
 from tests.helpers import (
@@ -205,7 +205,7 @@ def test_lora_flags_are_checked():
         (["--use_peft", "--do_train", "false"], "--use_peft trains new adapters, --do_train false trains"),
     ]:
         with pytest.raises(ConfigError, match=message):
-            from finetune.config import parse_config
+            from finetune.config.parser import parse_config
 
             parse_config(["--train_file", "a.jsonl", "--validation_file", "b.jsonl", *flags])
 

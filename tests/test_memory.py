@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from finetune.memory import enable_gradient_checkpointing
 from finetune.mnli import main
+from finetune.speed.memory import enable_gradient_checkpointing
 from tests.helpers import (
     PYTHON,
     assert_same_weights,

@@ -5,8 +5,8 @@ import pytest
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from finetune.evaluation import load_metric
-from finetune.tasks import GLUE_TASKS
+from finetune.data.tasks import GLUE_TASKS
+from finetune.training.evaluation import load_metric
 
 
 @pytest.fixture(scope="module")

@@ -123,8 +123,8 @@ def test_multi_label_data_trains_with_sigmoid_scores(wider_model_dir, tagged_fil
 
 
 def test_label_cells_mix_lists_single_labels_and_separated_text(tmp_path):
-    from finetune.config import TrainConfig
-    from finetune.data import load_splits
+    from finetune.config.train_config import TrainConfig
+    from finetune.data.splits import load_splits
 
     train = tmp_path / "train.jsonl"
     cells = [["Sports", "politics"], "weather", [], None, "sports"]
@@ -141,8 +141,8 @@ def test_label_cells_mix_lists_single_labels_and_separated_text(tmp_path):
 
 def test_separated_labels_in_a_csv_make_the_task_multi_label(tmp_path):
     """datasets reads a CSV's text column as large_string, a JSONL's as string: both are label text."""
-    from finetune.config import TrainConfig
-    from finetune.data import load_splits
+    from finetune.config.train_config import TrainConfig
+    from finetune.data.splits import load_splits
 
     train, validation = tmp_path / "train.csv", tmp_path / "validation.csv"
     train.write_text("text,tags\nrow 0,sports|politics\nrow 1,tech\nrow 2,politics|tech\n")
@@ -166,8 +166,8 @@ def test_separated_labels_in_a_csv_make_the_task_multi_label(tmp_path):
 
 
 def test_multi_label_loss_is_bce_per_label():
-    from finetune.evaluation import loss_sum
-    from finetune.tasks import custom_task
+    from finetune.data.tasks import custom_task
+    from finetune.training.evaluation import loss_sum
 
     task = custom_task(("text",), ("a", "b", "c"), multi_label=True)
     logits, labels = torch.randn(4, 3), torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]]).float()

@@ -11,9 +11,10 @@ from transformers import (
     XLMRobertaConfig,
 )
 
-from finetune.config import ConfigError, TrainConfig
-from finetune.kernels import use_packed_dropout
-from finetune.padding_free import resolve_padding_free, supports_padding_free, use_padding_free
+from finetune.config.train_config import TrainConfig
+from finetune.errors import ConfigError
+from finetune.speed.packed_dropout import use_packed_dropout
+from finetune.speed.padding_free import resolve_padding_free, supports_padding_free, use_padding_free
 
 TINY = {
     "vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -84,9 +85,11 @@ def test_layers_see_real_tokens_rounded_up_to_a_multiple_and_a_full_batch_runs_a
 
 
 def test_auto_is_on_for_cpu_encoders_only_and_true_refuses_other_models(monkeypatch):
-    import finetune.padding_free
+    import finetune.speed.padding_free
 
-    monkeypatch.setattr(finetune.padding_free, "cpu_has_amx", lambda: False)  # AMX CPUs: off (test_config)
+    monkeypatch.setattr(
+        finetune.speed.padding_free, "cpu_has_amx", lambda: False
+    )  # AMX CPUs: off (test_config)
     bert = tiny("bert")
     assert resolve_padding_free(TrainConfig(), bert, "cpu") == "true"
     assert resolve_padding_free(TrainConfig(), bert, "cuda") == "false"

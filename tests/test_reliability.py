@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from finetune.mnli import main, setup
+from finetune.mnli import main
+from finetune.run import setup
 from tests.helpers import reset_accelerate, tiny_args, weights
 
 FLAGS = ["--max_train_steps", "12", "--checkpointing_steps", "2", "--logging_steps", "2"]

@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from finetune.runtime import is_glibc, resolve_keep_freed_memory
+from finetune.speed.malloc import is_glibc, resolve_keep_freed_memory
 from tests.helpers import run_cli, tiny_args
 
 GLIBC = is_glibc()

@@ -7,7 +7,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from finetune.mnli import main
-from finetune.steps import plan_steps
+from finetune.training.steps import plan_steps
 from tests.helpers import tiny_args
 
 

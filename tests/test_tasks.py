@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from finetune.config import ConfigError
+from finetune.data.tasks import GLUE_TASKS
+from finetune.errors import ConfigError
 from finetune.mnli import main
-from finetune.tasks import GLUE_TASKS
 from tests.helpers import N_VALIDATION, PYTHON, free_port, read_jsonl, reset_accelerate, run_cli, tiny_args
 from tests.task_data import write_task_files
 
@@ -67,8 +67,8 @@ def test_each_task_shape_trains_and_reports_the_glue_metrics(
 
 def test_the_other_glue_tasks_load_with_their_columns(tmp_path):
     """qnli, rte, wnli and mnli: their own column names and label names, read from local files."""
-    from finetune.config import TrainConfig
-    from finetune.data import load_splits
+    from finetune.config.train_config import TrainConfig
+    from finetune.data.splits import load_splits
 
     for name in ("qnli", "rte", "wnli", "mnli"):
         task = GLUE_TASKS[name]
@@ -139,7 +139,7 @@ def test_model_card_and_training_curves(trained, tiny_model_dir):
 def test_training_curves_put_eval_loss_beside_the_training_loss(trained, tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from finetune.report import plot_training_curves
+    from finetune.output.plots import plot_training_curves
 
     out, _ = trained
     drawn = []
@@ -226,7 +226,7 @@ def test_tracker_selection(tiny_model_dir, nli_files, tmp_path, report_to, wandb
     ],
 )
 def test_task_flag_mistakes(flags, message):
-    from finetune.config import parse_config
+    from finetune.config.parser import parse_config
 
     with pytest.raises(ConfigError, match=message):
         parse_config(flags)
@@ -234,7 +234,8 @@ def test_task_flag_mistakes(flags, message):
 
 def test_model_card_command_is_what_the_user_gave(trained, tiny_model_dir, nli_files):
     """Rerun elsewhere, the card's command must not force this machine's resolved choices."""
-    from finetune.config import parse_config, to_dict
+    from finetune.config.parser import parse_config
+    from finetune.config.train_config import to_dict
 
     out, _ = trained
     card = (out / "README.md").read_text()

@@ -73,7 +73,7 @@ def test_wandb_falls_back_to_offline_with_one_line(
 def test_run_name_names_the_wandb_run(wandb_env, tmp_path):
     from accelerate import Accelerator
 
-    from finetune.tracking import start_trackers
+    from finetune.output.tracking import start_trackers
 
     wandb_env.setenv("WANDB_MODE", "offline")
     accelerator = Accelerator(cpu=True, log_with="wandb")

@@ -7,9 +7,9 @@ import time
 import pytest
 import torch
 
-from finetune.config import ConfigError
+from finetune.errors import ConfigError
 from finetune.mnli import cli, main
-from finetune.padding_free import cpu_has_amx
+from finetune.speed.padding_free import cpu_has_amx
 from tests.helpers import (
     N_TRAIN,
     N_VALIDATION,
@@ -124,7 +124,7 @@ def test_adam_flags_reach_the_optimizer(tiny_model_dir, nli_files, tmp_path):
     groups = []
 
     def build(*launch):
-        from finetune.mnli import setup
+        from finetune.run import setup
 
         run = setup(*launch)
         groups.extend({"betas": g["betas"], "eps": g["eps"]} for g in run.optimizer.param_groups)
@@ -227,8 +227,8 @@ def test_metric_loads_offline():
     import huggingface_hub.constants
     from accelerate import Accelerator
 
-    from finetune.evaluation import load_metric
-    from finetune.tasks import GLUE_TASKS
+    from finetune.data.tasks import GLUE_TASKS
+    from finetune.training.evaluation import load_metric
 
     assert huggingface_hub.constants.HF_HUB_OFFLINE  # set by conftest before any HF import
     metric = load_metric(GLUE_TASKS["mnli"], Accelerator(cpu=True))
@@ -238,7 +238,7 @@ def test_metric_loads_offline():
 def test_mfu_is_logged_against_the_given_peak(trained, tiny_model_dir, nli_files, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from finetune.modeling import non_embedding_parameters
+    from finetune.model.flops import non_embedding_parameters
 
     assert "train_mfu" not in trained[1]  # no peak given, no guess
     out = tmp_path / "out"

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, RobertaConfig, RobertaForSequenceClassification
 
-from finetune.attention import use_varlen_attention, varlen_position_offset
-from finetune.data import PadCollator, VarlenCollator
+from finetune.data.batching import PadCollator, VarlenCollator
 from finetune.mnli import main
+from finetune.speed.attention import use_varlen_attention, varlen_position_offset
 from tests.helpers import tiny_args
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from finetune.tasks import PER_CLASS
+from finetune.data.tasks import PER_CLASS
 
 
 def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from finetune.config import parse_config
-from finetune.mnli import close, execute, setup
+from finetune.config.parser import parse_config
+from finetune.run import close, execute, setup
 
 run = setup(parse_config(sys.argv[1:]))
 rounds = 0

@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from finetune.config import parse_config
-from finetune.mnli import close, execute, setup
+from finetune.config.parser import parse_config
+from finetune.run import close, execute, setup
 
 run = setup(parse_config(sys.argv[1:]))
 target = f".checkpoint-{os.environ['CRASH_IN_CHECKPOINT']}.partial"

@@ -4,7 +4,8 @@ import os
 import signal
 import sys
 
-from finetune.mnli import cli, setup
+from finetune.mnli import cli
+from finetune.run import setup
 
 at = int(os.environ["AT"])
 

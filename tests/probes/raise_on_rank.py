@@ -4,7 +4,8 @@ batch, a failing disk), while its peers go on into the next collective."""
 import os
 import sys
 
-from finetune.mnli import cli, setup
+from finetune.mnli import cli
+from finetune.run import setup
 
 failing_rank, at = int(os.environ["RANK_TO_FAIL"]), int(os.environ["AT"])
 

@@ -12,8 +12,8 @@ import sys
 
 import torch
 
-from finetune.config import parse_config
-from finetune.mnli import close, setup
+from finetune.config.parser import parse_config
+from finetune.run import close, setup
 
 
 def faults_to_fill() -> int:

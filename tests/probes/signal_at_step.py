@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 
-from finetune.mnli import cli, setup
+from finetune.mnli import cli
+from finetune.run import setup
 
 at, signum = int(os.environ["AT_STEP"]), signal.Signals[f"SIG{os.environ['SIGNAL']}"]
 ranks = {int(rank) for rank in os.environ.get("RANKS", "0,1").split(",")}

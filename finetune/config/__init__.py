@@ -1,0 +1,1 @@
+"""A run's settings: `TrainConfig` (train_config.py), read from flags and YAML (parser.py)."""

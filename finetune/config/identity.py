@@ -1,0 +1,205 @@
+"""What makes two launches the same run: the settings that decide the trained weights and the
+evaluations that pick them, the rows' content, the model and the number of processes.
+
+`run_identity` computes it once per launch, before anything loads; train_config.json and every
+checkpoint record it. A resume, a relaunch of a finished run (--resume_from_checkpoint auto) and a
+sweep compare identities and nothing else. Each flag of `TrainConfig` is either in `IDENTITY_FLAGS`
+or in `LEFT_OUT` with the reason (a test walks every field).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from finetune.config.train_config import DATA_EXTENSIONS, TrainConfig
+from finetune.errors import ConfigError
+
+# In the order a refusal lists them.
+IDENTITY_FLAGS = (
+    # task and labels
+    "task_name", "text_columns", "label_column", "label_separator", "ignore_mismatched_sizes",
+    "class_weights", "validation_split_percentage", "max_length", "max_train_samples", "max_eval_samples",
+    # model
+    "model_revision", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
+    "lora_target_modules", "lora_modules_to_save",
+    # batches and optimization
+    "group_by_length", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
+    "max_train_steps", "learning_rate", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "weight_decay",
+    "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "label_smoothing_factor", "seed",
+    # evaluations: they pick the exported model and stop training early
+    "do_train", "eval_strategy", "eval_steps", "metric_for_best_model", "greater_is_better",
+    "load_best_model_at_end", "early_stopping_patience", "early_stopping_threshold", "multi_label_threshold",
+)  # fmt: skip
+
+_SOURCE = "in training_data / validation_data: the rows' content, wherever they are read from"
+_SPEED = "a speed path: the same arithmetic, chosen per machine"
+_OUTPUT = "where and how the run is written or reported, not what it trains"
+LEFT_OUT = {
+    "model_name_or_path": "in model: the folder as a place (however the path is written) and its files",
+    "dataset_name": _SOURCE,
+    "dataset_config_name": _SOURCE,
+    "train_split_name": _SOURCE,
+    "validation_split_name": _SOURCE,
+    "train_file": _SOURCE,
+    "validation_file": _SOURCE,
+    "validation_mismatched_file": _SOURCE,
+    "test_split_name": "prediction input: predictions do not change the run",
+    "test_file": "prediction input: predictions do not change the run",
+    "do_predict": "prediction: a finished run predicts without training again",
+    "trust_remote_code": "a permission to run the model's code, not a setting of it",
+    "attn_implementation": _SPEED,
+    "auto_find_batch_size": "memory: it keeps the global batch (the resolved split is recorded)",
+    "per_device_eval_batch_size": "memory and speed: evaluation batches score the same rows",
+    "gradient_checkpointing": "memory: recomputes the same activations",
+    "mixed_precision": f"{_SPEED} (bf16 where the device multiplies it natively)",
+    "dropout_kernel": _SPEED,
+    "padding_free": _SPEED,
+    "pad_to_multiple_of": _SPEED,
+    "keep_freed_memory": _SPEED,
+    "torch_compile": _SPEED,
+    "torch_compile_mode": _SPEED,
+    "torch_compile_regional": _SPEED,
+    "dataloader_num_workers": _SPEED,
+    "ddp_bucket_cap_mb": _SPEED,
+    "ddp_find_unused_parameters": _SPEED,
+    "ddp_gradient_as_bucket_view": _SPEED,
+    "ddp_comm_hook": _SPEED,
+    "peak_tflops": "reporting: MFU's denominator",
+    "output_dir": "the run's own folder: it holds the record compared",
+    "overwrite_output_dir": _OUTPUT,
+    "checkpointing_steps": _OUTPUT,
+    "resume_from_checkpoint": _OUTPUT,
+    "save_total_limit": _OUTPUT,
+    "logging_steps": f"{_OUTPUT} (the --eval_steps it defaults is compared)",
+    "report_to": _OUTPUT,
+    "project_name": _OUTPUT,
+    "run_name": _OUTPUT,
+    "push_to_hub": _OUTPUT,
+    "hub_model_id": _OUTPUT,
+    "config": "the YAML file's keys are compared, as flags, not its path",
+    "debug": _OUTPUT,
+}
+# Entries that are not flags, and how a message names them.
+DERIVED = {
+    "world_size": "processes",
+    "model": "model",
+    "training_data": "training data",
+    "validation_data": "validation data",
+}
+
+
+def run_identity(config: TrainConfig, world_size: int) -> dict:
+    """This launch's identity, as train_config.json and checkpoints record it. Reads the data files
+    and the model folder's config to fingerprint them (every rank: no collective)."""
+    return {
+        "world_size": world_size,
+        "model": model_identity(config),
+        "training_data": training_data(config) if config.do_train else None,
+        "validation_data": validation_data(config),
+        **{flag: getattr(config, flag) for flag in IDENTITY_FLAGS},
+    }
+
+
+def differences(saved: dict, now: dict) -> list[str]:
+    """The entries of two identities that differ, in identity order; an entry either lacks is skipped
+    (recorded before it was part of the identity)."""
+    return [key for key in now if key in saved and saved[key] != now[key]]
+
+
+def refuse_other_run(saved: dict | None, now: dict, checkpoint: Path) -> None:
+    """Resume only into the run that saved `checkpoint`: one line naming what differs and the fix."""
+    if saved is None:
+        raise ConfigError(
+            f"--resume_from_checkpoint {checkpoint} was saved by an older finetune that did not record what "
+            "makes a run the same; resume it with that version, or start over (--overwrite_output_dir or "
+            "another --output_dir)"
+        )
+    differ = differences(saved, now)
+    if "world_size" in differ:
+        raise ConfigError(
+            f"--resume_from_checkpoint {checkpoint}: saved with {saved['world_size']} processes, this run "
+            f"has {now['world_size']}; exact resume needs the same number"
+        )
+    if "model" in differ:
+        raise ConfigError(
+            f"--resume_from_checkpoint {checkpoint} was saved from a different model: {saved['model']}; this "
+            f"run reads {now['model']}"
+        )
+    if differ:
+        then, this = (", ".join(_named(key, values[key]) for key in differ) for values in (saved, now))
+        raise ConfigError(
+            f"--resume_from_checkpoint {checkpoint} was saved by a run with {then}; this run has {this}; "
+            "resume with that run's settings, or start a new run (--overwrite_output_dir or another "
+            "--output_dir)"
+        )
+
+
+def _named(key: str, value) -> str:
+    """An identity entry as a message shows it: a flag as the command line takes it."""
+    if key in DERIVED:
+        return f"{DERIVED[key]} {value}"
+    if isinstance(value, bool):
+        shown = str(value).lower()
+    elif isinstance(value, list):
+        shown = " ".join(map(str, value))
+    else:
+        shown = "none" if value is None else str(value)
+    return f"--{key} {shown}"
+
+
+def model_identity(config: TrainConfig) -> str:
+    """A local folder as a place (relative, absolute or through a link: the same folder) with a digest
+    of its config.json and its weight files' names and sizes; a Hub id as written (its revision is a flag)."""
+    folder = Path(config.model_name_or_path)
+    if not folder.is_dir():
+        return config.model_name_or_path
+    digest = hashlib.sha256()
+    if (folder / "config.json").is_file():
+        digest.update((folder / "config.json").read_bytes())
+    weights = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    for file in weights:
+        digest.update(f"{file.name} {file.stat().st_size}\n".encode())
+    return f"{folder.resolve()} (files {digest.hexdigest()[:12]})"
+
+
+def training_data(config: TrainConfig) -> str:
+    """The training rows' source fingerprinted by content: a local file's or folder's bytes (sha256);
+    a Hub dataset by name, subset and split (its rows are not read before the run loads them)."""
+    if config.train_file:
+        return f"sha256 {fingerprint([Path(config.train_file)])}"
+    return _dataset_rows(config, config.train_split_name)
+
+
+def validation_data(config: TrainConfig) -> str | None:
+    """The validation rows' fingerprint (see `training_data`); None when the run has none of its own
+    (carved out of the training rows by --validation_split_percentage, which is compared)."""
+    if config.uses_local_files:
+        files = [Path(f) for f in (config.validation_file, config.validation_mismatched_file) if f]
+        return f"sha256 {fingerprint(files)}" if files else None
+    return None if config.carves_validation else _dataset_rows(config, config.validation_split_name)
+
+
+def _dataset_rows(config: TrainConfig, split: str) -> str:
+    folder = Path(config.dataset_name or "")
+    if config.dataset_name and folder.is_dir():
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in DATA_EXTENSIONS)
+        return f"{split} of a folder, sha256 {fingerprint(files, relative_to=folder)}"
+    subset = f" {config.dataset_config_name}" if config.dataset_config_name else ""
+    return f"{config.dataset_name}{subset} split {split}"
+
+
+def fingerprint(files: list[Path], relative_to: Path | None = None) -> str:
+    """sha256 over the files' names (within `relative_to`) and bytes; a file that can't be read counts
+    as missing (loading it reports the error)."""
+    digest = hashlib.sha256()
+    for path in files:
+        if relative_to is not None:
+            digest.update(f"{path.relative_to(relative_to)}\n".encode())
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+        except OSError:
+            digest.update(b"(unreadable)")
+    return digest.hexdigest()[:16]

@@ -1,0 +1,165 @@
+"""`TrainConfig` from the command line and `--config FILE.yaml`: one ConfigError line for a bad flag,
+an unknown key, or another toolkit's name for a flag (OTHER_NAMES)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import sys
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
+
+from finetune.config.train_config import TrainConfig, default_of
+from finetune.errors import ConfigError
+
+
+def _epochs(text: str) -> int | float:
+    """--num_train_epochs: a fraction (0.5) as HF Trainer takes it; a whole number stays an int, so the
+    model card and train_config.json show 3, not 3.0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of epochs (3, or 0.5), got {text!r}") from None
+    return int(value) if value.is_integer() else value
+
+
+class _Parser(HfArgumentParser):
+    """argparse prints its usage and exits on a bad flag; here that is one ConfigError line.
+
+    Beyond HfArgumentParser: an optional bool (`bool | None`, None = decided later) also takes its flag
+    bare (= true), as the plain bool flags do; the `--no_X` flags it adds say what they do."""
+
+    def _add_dataclass_arguments(self, dtype):
+        super()._add_dataclass_arguments(dtype)
+        for action in self._actions:
+            negation = isinstance(action, argparse._StoreFalseAction)
+            if negation and action.option_strings[0].startswith("--no_"):
+                action.help = f"Turn off --{action.dest}."  # not the positive flag's text again
+                action.default = argparse.SUPPRESS  # the positive flag's default decides, not "False"
+            elif action.type is string_to_bool and action.nargs is None:
+                action.nargs, action.const = "?", True  # `--greater_is_better` alone means true
+            elif action.dest == "num_train_epochs":
+                action.type = _epochs
+
+    def error(self, message: str):
+        # "argument --max_length/--max-length: invalid int value: 'x'" -> "--max_length: invalid ..."
+        message = re.sub(r"^argument (--\w+)(/--[\w-]+)*: ", r"\1: ", message)
+        raise ConfigError(f"{message.rstrip('.')}; see --help")
+
+
+# HF Trainer's, run_glue.py's and TRL's names for what has another name (or no flag) here.
+OTHER_NAMES = {
+    "max_steps": "use --max_train_steps N",
+    "bf16": "use --mixed_precision bf16",
+    "fp16": "use --mixed_precision fp16",
+    "max_seq_length": "use --max_length N",
+    "save_steps": "use --checkpointing_steps N",
+    "save_strategy": "use --checkpointing_steps N|epoch (the model is always saved at the end)",
+    "evaluation_strategy": "use --eval_strategy",
+    "do_eval": "evaluation runs whenever there is validation data; --eval_strategy no turns it off",
+    "logging_strategy": "use --logging_steps N",
+    "per_gpu_train_batch_size": "use --per_device_train_batch_size",
+    "per_gpu_eval_batch_size": "use --per_device_eval_batch_size",
+    "data_seed": "--seed also orders the data",
+    "optim": "the optimizer is always fused AdamW",
+    "dataset_config": "use --dataset_config_name",
+    "num_epochs": "use --num_train_epochs",
+    "hub_token": "set the HF_TOKEN environment variable",
+}
+
+
+def _unknown(arguments: list[str], where: str | None = None) -> ConfigError:
+    """One line for flags (or, with `where`, YAML keys) this parser lacks; another toolkit's name
+    gets what to use instead."""
+    for argument in arguments:
+        name = argument.lstrip("-").split("=", 1)[0].replace("-", "_")
+        if (where or argument.startswith("--")) and name in OTHER_NAMES:
+            named = f"{where}: {name}" if where else f"--{name}"
+            return ConfigError(f"{named} is HF Trainer's or TRL's name, not one here; {OTHER_NAMES[name]}")
+    if where:
+        return ConfigError(f"{where}: unknown key(s) {', '.join(arguments)}; keys are the flag names")
+    return ConfigError(f"unknown argument(s) {' '.join(arguments)}; see --help for the flags")
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Flags, optionally on top of `--config FILE.yaml`; unknown flags or keys are an error."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # No abbreviations: `--learning_r` silently meaning `--learning_rate` hides typos.
+    parser = _Parser(TrainConfig, allow_abbrev=False)
+    known, _ = parser.parse_known_args(argv)
+    if known.config:
+        from_file = _read_yaml(known.config)
+        _check_yaml_types(parser, from_file, known.config)
+        parser.set_defaults(**from_file)
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise _unknown(unknown)
+    values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(TrainConfig)}
+    try:
+        config = TrainConfig(**values)
+    except ConfigError as error:
+        error.debug = bool(values["debug"])  # --debug shows the traceback of a refused setting too
+        raise
+    # What the user set (flags and YAML keys), before __post_init__ and setup resolve anything for
+    # this machine: the model card's command. Not a dataclass field, so neither a flag nor in to_dict.
+    given = {
+        f.name: list(values[f.name]) if isinstance(values[f.name], list) else values[f.name]
+        for f in dataclasses.fields(TrainConfig)
+        if f.name != "config" and values[f.name] != default_of(f)  # the YAML file's keys are inlined
+    }
+    object.__setattr__(config, "user_flags", given)  # the frozen dataclass's one record beside its fields
+    return config
+
+
+def _read_yaml(path: str) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it ({e.strerror})") from None
+    try:
+        values = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"--config {path}: not valid YAML{where}; fix the syntax") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of flag names to values")
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise _unknown(unknown, f"--config {path}")
+    values.pop("config", None)
+    # As strings, YAML values go through the same argparse type conversion as flags do,
+    # so `learning_rate: 2e-5` (a string to YAML 1.1) and `--learning_rate 2e-5` agree.
+    # Lists (lora_target_modules: [query, value]) stay lists of strings, as nargs flags give them.
+    as_strings = {k: v if v is None else str(v) for k, v in values.items()}
+    return {**as_strings, **{k: [str(x) for x in v] for k, v in values.items() if isinstance(v, list)}}
+
+
+def _check_yaml_types(parser: HfArgumentParser, values: dict, path: str) -> None:
+    """A YAML value the flag's type can't take is named with the file, not as the flag. A list flag's
+    single value becomes a list of one (in place), as `--lora_target_modules query` gives."""
+    actions = {action.dest: action for action in parser._actions}
+    for key, value in values.items():
+        action = actions[key]
+        if value is None:
+            continue
+        if action.nargs in ("+", "*") and not isinstance(value, list):
+            value = values[key] = [value]
+        if isinstance(value, list) and action.nargs not in ("+", "*"):
+            raise ConfigError(
+                f"--config {path}: {key} takes one value, not a list; write it as the flag takes it "
+                "(a comma list where it takes one, e.g. 1,2,3)"
+            )
+        for item in value if isinstance(value, list) else [value]:
+            try:
+                converted = item if action.type is None else action.type(item)
+            except (TypeError, ValueError, SystemExit, argparse.ArgumentTypeError):
+                raise ConfigError(f"--config {path}: {key}: {item!r} is not a valid value") from None
+            if action.choices is not None and converted not in action.choices:
+                shown = ", ".join(str(c) for c in action.choices)
+                raise ConfigError(f"--config {path}: {key} must be one of {shown}, got {item!r}")

@@ -1,0 +1,50 @@
+"""What the run resolved: every `auto` and derived choice, made once per run in `run.setup` from the
+flags (never changed), this machine and the data. train_config.json records it beside the flags
+(`args`) and the identity; `TrainConfig.with_resolved` gives the configuration the run trains with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from finetune.config.train_config import TrainConfig, greater_is_better_default
+from finetune.data.tasks import Task, eval_key
+from finetune.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Resolved:
+    metric_for_best_model: str | None
+    """--metric_for_best_model, or the task's first metric (None: nothing is evaluated)."""
+    greater_is_better: bool | None
+    """--greater_is_better, or false for a loss and true for any other metric."""
+    attn_implementation: str | None
+    """transformers' choice of attention kernel for the model, unless --attn_implementation named one."""
+    dropout_kernel: str
+    """packed or torch (auto: packed on CPU where the architecture takes it)."""
+    padding_free: str
+    """true, false or varlen (auto: see --padding_free)."""
+    pad_to_multiple_of: str
+    """A number of tokens; 1: each batch as long as its longest row."""
+    keep_freed_memory: str
+    """true or false (auto: see --keep_freed_memory)."""
+    per_device_train_batch_size: int
+    """The flag's batch, or what --auto_find_batch_size fitted (the global batch stays)."""
+    gradient_accumulation_steps: int
+    """The flag's steps, doubled for each halving of the batch by --auto_find_batch_size."""
+
+
+def choose_metric(config: TrainConfig, task: Task, splits: dict) -> dict:
+    """--metric_for_best_model (default: the task's first metric) and --greater_is_better, checked
+    against what this run's evaluation produces; before the model loads."""
+    splits_measured = [s for s in task.validation_splits if s in splits]
+    metrics = (*task.metrics, *task.per_class_metrics, "loss")
+    measured = [eval_key(s, m) for s in splits_measured for m in metrics]
+    measured += ["eval_loss"] if "eval_loss" not in measured else []  # over every split's rows
+    metric = config.metric_for_best_model or (measured[0] if measured else None)
+    greater_is_better = config.greater_is_better
+    if greater_is_better is None and metric:
+        greater_is_better = greater_is_better_default(metric)
+    if config.evaluates_training and metric not in measured:
+        raise ConfigError(f"--metric_for_best_model {metric}: this run measures {', '.join(measured)}")
+    return {"metric_for_best_model": metric, "greater_is_better": greater_is_better}

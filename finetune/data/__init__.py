@@ -1,0 +1,1 @@
+"""The task's data: tasks, sources, labels, tokenization, batches."""

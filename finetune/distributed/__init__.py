@@ -1,0 +1,1 @@
+"""Several processes: the Accelerator, ranks, stop signals."""

@@ -1,0 +1,101 @@
+"""The Accelerator for this machine: CPU or GPU, precision, world size, trackers; a restarted job's
+process group."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+
+from finetune.config.train_config import TrainConfig
+from finetune.distributed.ranks import check_world_size, launcher_world_size
+from finetune.errors import ConfigError
+from finetune.speed.compile import dynamo_plugin
+from finetune.speed.hardware import bf16_is_fast
+
+
+def resolve_mixed_precision(requested: str) -> str:
+    """`auto`: a launcher/config that asks for bf16 or fp16 wins, else bf16 where it is fast, else fp32."""
+    if requested != "auto":
+        return requested
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if launcher != "no":
+        return launcher
+    return "bf16" if bf16_is_fast() else "no"
+
+
+def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
+    """Collective: the Accelerator (it joins the launcher's process group), or a ConfigError for a
+    launch that would not train one model."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible not in (None, "", "-1") and not torch.cuda.is_available():
+        raise ConfigError(
+            f"the accelerate config asks for GPU(s) {visible} but this machine has no CUDA GPU; "
+            "use --config_file accelerate_configs/cpu.yaml (or cpu_multiprocess.yaml)"
+        )
+    if config.ddp_comm_hook == "bf16" and not torch.cuda.is_available():
+        raise ConfigError(
+            "--ddp_comm_hook bf16 needs CUDA GPUs with NCCL; use fp16 (works over gloo) or none"
+        )
+    join_restarted_job()
+    ddp = DistributedDataParallelKwargs(
+        bucket_cap_mb=config.ddp_bucket_cap_mb,
+        find_unused_parameters=config.ddp_find_unused_parameters,
+        gradient_as_bucket_view=config.ddp_gradient_as_bucket_view,
+        comm_hook=DDPCommunicationHookType("no" if config.ddp_comm_hook == "none" else config.ddp_comm_hook),
+    )
+    accelerator = Accelerator(
+        kwargs_handlers=[ddp],
+        # Without CUDA, Accelerate must be told it is on CPU: otherwise processes started by a
+        # multi-GPU launcher each come up as rank 0 of 1 and train independent replicas.
+        cpu=not torch.cuda.is_available(),
+        mixed_precision=resolve_mixed_precision(config.mixed_precision),
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        log_with=trackers or None,
+        project_dir=config.output_dir,
+        # The schedule is sized in real optimizer steps; by default Accelerate would step it
+        # num_processes times per update (the official examples multiply the length to match).
+        step_scheduler_with_optimizer=False,
+        # None: an accelerate config's dynamo_config (if any) decides.
+        dynamo_plugin=dynamo_plugin(config, torch.cuda.is_available()) if config.torch_compile else None,
+    )
+    check_world_size(launcher_world_size(), accelerator.num_processes)
+    if torch.cuda.is_available():
+        # TF32 matmuls on Ampere+ cost ~nothing in accuracy for fine-tuning and are several times faster.
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return accelerator
+
+
+def join_restarted_job() -> None:
+    """Collective: after a torchrun/`accelerate launch --max_restarts` restart, join the process group
+    under a store prefix of this attempt.
+
+    The elastic agent keeps one TCPStore for the whole job and the workers' process group reads its
+    peers' addresses from it without an attempt prefix (pytorch/pytorch#135712): a restarted rank
+    can read the dead attempt's address and fail with "Connection refused" or hang. Every local
+    worker of an attempt shares TORCHELASTIC_RESTART_COUNT; Accelerate then uses this group as is.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    world_size = int(os.environ["WORLD_SIZE"])
+    store = torch.distributed.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False
+    )
+    torch.distributed.init_process_group(
+        "nccl" if torch.cuda.is_available() else "gloo",
+        store=torch.distributed.PrefixStore(f"finetune/attempt_{attempt}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=world_size,
+    )
+
+
+def describe_runtime(accelerator) -> dict:
+    return {
+        "world_size": accelerator.num_processes,
+        "device": str(accelerator.device),
+        "mixed_precision": accelerator.mixed_precision,
+    }

@@ -1,0 +1,43 @@
+"""Stop signals (SIGTERM, Ctrl-C): every rank stops at the same step."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import torch
+
+
+class StopSignals:
+    """SIGTERM (preemption) and SIGINT (Ctrl-C) only set a flag; the loop stops at the next step.
+
+    A second Ctrl-C stops at once, without a checkpoint.
+    """
+
+    def __init__(self):
+        self.received: str | None = None
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame):
+        if self.received == "SIGINT" and signum == signal.SIGINT:
+            # At once: no step finishes, no checkpoint is written (a half-written one stays under its
+            # .partial name, so `auto` never takes it), no traceback.
+            print(
+                "\nerror: stopped by a second Ctrl-C; no new checkpoint written", file=sys.stderr, flush=True
+            )
+            os._exit(128 + signal.SIGINT)
+        self.received = signal.Signals(signum).name
+
+    def requested(self, accelerator) -> str | None:
+        """Collective with several processes: a signal seen by any rank stops all at the same step."""
+        if accelerator.num_processes == 1:
+            return self.received
+        seen = torch.tensor([self.received is not None], dtype=torch.float32, device=accelerator.device)
+        if accelerator.reduce(seen, "sum").item() == 0:
+            return None
+        return self.received or "SIGTERM"  # a peer's signal; preemption is the usual cause
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

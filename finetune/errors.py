@@ -1,0 +1,41 @@
+"""The errors a run reports as one line: a setting to fix (`ConfigError`), a run that cannot go on
+(`TrainingFailed`), a run stopped by a signal with its checkpoint written (`TrainingInterrupted`);
+and the OS's words for a failed write or read."""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A setting the user can fix; the message names the flag and the fix."""
+
+    debug = False
+    """Whether the run asked for --debug (set where the config could not be built)."""
+
+
+class TrainingFailed(Exception):
+    """The run cannot go on (out of memory, NaN loss, a failed write); the message says what to do."""
+
+
+class TrainingInterrupted(Exception):
+    """Raised on every rank after a stop signal, once the checkpoint is safely written."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path):
+        self.exit_code = 128 + signal.Signals[signal_name].value
+        super().__init__(
+            f"stopped by {signal_name} after step {step}; checkpoint saved to {checkpoint}; "
+            "continue with the same command plus --resume_from_checkpoint auto"
+        )
+
+
+def _reason(error: Exception) -> str:
+    """The OS's words: strerror, or what safetensors' Rust error quotes ("I/O error: File too large (os
+    error 27)")."""
+    if getattr(error, "strerror", None):
+        return error.strerror
+    text = str(error).strip()
+    quoted = re.search(r'message: "([^"]+)"|I/O error: ([^(]+?) \(os error', text)
+    return next(g for g in quoted.groups() if g) if quoted else text.splitlines()[0][:120]

@@ -1,0 +1,1 @@
+"""The model: loading, backbone fixes, LoRA, the optimizer, FLOPs."""

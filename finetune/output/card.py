@@ -1,0 +1,185 @@
+"""The model card (README.md) a finished run leaves for people: base model, data, flags, results,
+hardware, time."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from finetune.config.train_config import TrainConfig, as_flag_value, default_of
+from finetune.data.tasks import PER_CLASS, Task
+from finetune.output.plots import CONFUSION_FILE, CURVES_FILE, _confusion
+
+
+def hardware(accelerator) -> str:
+    if accelerator.device.type == "cuda":
+        name = torch.cuda.get_device_name(accelerator.device)
+    else:
+        name = _cpu_name() or platform.processor() or "CPU"
+        name = f"{name}, {os.cpu_count()} cores"
+    return f"{accelerator.num_processes} × {accelerator.device.type} ({name})"
+
+
+def _cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def changed_flags(config: TrainConfig) -> dict:
+    """The flags the user set to other values than the defaults (on the command line or in the YAML
+    file): a command line that reproduces the run on another machine, which resolves the auto settings
+    (padding_free, dropout_kernel, ...) for itself. A config built in Python rather than by parse_config
+    has no such record: then every field that differs from its default (as __post_init__ left it)."""
+    given = getattr(config, "user_flags", None)
+    if given is not None:
+        return dict(given)
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) != default_of(f) and f.name != "config"
+    }
+
+
+def is_model_card(path: Path) -> bool:
+    """The card `write_model_card` writes (its front matter), not a README of the user's."""
+    head = path.read_text(errors="replace")[:400]
+    return head.startswith("---\nlibrary_name: transformers\n") and "tags: [finetune," in head
+
+
+def write_model_card(
+    path: Path,
+    config: TrainConfig,
+    task: Task,
+    results: dict,
+    data_rows: dict,
+    machine: str,
+    wall_s: float,
+    given_flags: dict,
+) -> None:
+    """A Hugging Face model card (README.md): base model, data, flags, results, hardware, time."""
+    is_local_base = Path(config.model_name_or_path).exists()
+    metadata = ["library_name: transformers", "pipeline_tag: text-classification"]
+    if not is_local_base:
+        metadata.append(f"base_model: {config.model_name_or_path}")
+    metadata.append(f"tags: [finetune, {task.name if task.name == 'custom' else 'glue-' + task.name}]")
+    from_hub = not config.uses_local_files and not Path(config.dataset_name).exists()
+    if from_hub:
+        metadata.append(f"datasets: [{config.dataset_name}]")
+    subset = f" ({config.dataset_config_name})" if config.dataset_config_name else ""
+    data = (
+        {"train": config.train_file, "validation": config.validation_file or _held_out(config)}
+        if config.uses_local_files
+        else {"Hub" if from_hub else "local": f"{config.dataset_name}{subset}"}
+    )
+    flags = " ".join(f"--{k} {as_flag_value(v)}" for k, v in given_flags.items())
+    labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)
+    labels += " (multi-label: any number per text, independent sigmoids)" if task.multi_label else ""
+    scores = [(k, results[k]) for k in task.metric_keys(per_class=False) if k in results]
+    lines = [
+        "---",
+        *metadata,
+        "---",
+        "",
+        f"# {Path(config.output_dir).name}",
+        "",
+        f"`{config.model_name_or_path}` fine-tuned on **{task.name}** "
+        f"({' + '.join(task.text_columns)} → {labels}) with finetune.",
+        "",
+        "## Results",
+        "",
+        "| metric | value |",
+        "| --- | --- |",
+        *(f"| {k} | {v:.4f} |" for k, v in scores),
+        "",
+        "## Training",
+        "",
+        *(f"- {name} data: `{source}`" for name, source in data.items() if source),
+        f"- rows: {', '.join(f'{name} {n:,}' for name, n in data_rows.items())}",
+        f"- steps: {results.get('global_step')} optimizer steps, {results.get('epoch')} epochs"
+        + (" (stopped early)" if results.get("stopped_early") else ""),
+        *_exported_model_line(config, results),
+        f"- hardware: {machine}, mixed precision {results.get('mixed_precision')}",
+        f"- time: {results.get('train_runtime_s', 0):.1f} s training over the whole run "
+        f"({results.get('train_samples_per_second', 0):.1f} samples/s); this process ran {wall_s:.1f} s",
+        "",
+        "The flags given:",
+        "",
+        "```",
+        f"accelerate launch finetune/glue.py {flags}",
+        "```",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import pipeline",
+        "",
+        f'classify = pipeline("text-classification", model="{config.hub_model_id or config.output_dir}"'
+        + (", top_k=None)  # every label's sigmoid score" if task.multi_label else ")"),
+        "```",
+        "",
+        f"![loss, learning rate and evaluation metrics]({CURVES_FILE})",
+        "",
+        *_per_class_section(task, results),
+    ]
+    path.write_text("\n".join(lines))
+
+
+def _held_out(config: TrainConfig) -> str | None:
+    if not config.carves_validation:
+        return None
+    return f"{config.validation_split_percentage}% of {config.train_file} (seed {config.seed}, stratified)"
+
+
+def _per_class_section(task: Task, results: dict) -> list[str]:
+    """Markdown: per-class precision, recall, F1 and support, and the confusion matrix."""
+    found = _confusion(results)
+    if found is None or not task.per_class_metrics:
+        return []
+    key, confusion = found
+    prefix = key.removesuffix("confusion_matrix")  # eval_ (or eval_<split>_)
+    names = confusion["labels"]
+
+    def row(name: str, values) -> str:
+        return f"| {name} | " + " | ".join(values) + " |"
+
+    return [
+        "## Per class",
+        "",
+        "| label | precision | recall | F1 | support |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            row(name, (f"{results.get(f'{prefix}{kind}_{name}', 0):.4g}" for kind in PER_CLASS))
+            for name in names
+        ),
+        "",
+        f"Confusion matrix (`{key}`; rows: true label, columns: predicted):",
+        "",
+        "| true \\ predicted | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+        *(row(name, map(str, counts)) for name, counts in zip(names, confusion["matrix"], strict=True)),
+        "",
+        f"![confusion matrix]({CONFUSION_FILE})",
+        "",
+    ]
+
+
+def _exported_model_line(config: TrainConfig, results: dict) -> list[str]:
+    """Which step the model in this folder is from, and why."""
+    step = results.get("exported_model_step")
+    if step is None:
+        return []
+    why = (
+        f"the best evaluation by {config.metric_for_best_model}"
+        if config.load_best_model_at_end and step == results.get("best_step")
+        else "the last step"
+    )
+    return [f"- this model: the weights of step {step}, {why}"]

@@ -1,0 +1,343 @@
+"""One run, start to end: `setup` (accelerator, data, model, optimizer, resumed state), `execute`
+(train, evaluate, predict, export, results.json), `close`. `run_config` ties them together."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from accelerate.utils import set_seed
+from transformers import get_scheduler
+
+from finetune.config.identity import run_identity
+from finetune.config.resolved import Resolved, choose_metric
+from finetune.config.train_config import TrainConfig, to_dict
+from finetune.data.batching import build_dataloaders
+from finetune.data.splits import load_splits
+from finetune.data.tokenization import tokenize_splits
+from finetune.distributed.accelerator import build_accelerator, describe_runtime
+from finetune.distributed.ranks import launcher_world_size, replicas_identical
+from finetune.distributed.signals import StopSignals
+from finetune.errors import TrainingFailed, TrainingInterrupted
+from finetune.model.build import build_model
+from finetune.model.flops import flops_per_token
+from finetune.model.lora import describe_parameters, parameter_counts
+from finetune.model.optimizer import build_optimizer
+from finetune.model.options import loading_options
+from finetune.output.card import changed_flags, hardware, is_model_card, write_model_card
+from finetune.output.export import export_model, push_to_hub
+from finetune.output.lock import release_lock, take_lock
+from finetune.output.plots import CONFUSION_FILE, CURVES_FILE, plot_confusion_matrix, plot_training_curves
+from finetune.output.prerun import check_output_dir, finished_run, remove_earlier_run
+from finetune.output.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
+from finetune.output.writing import writing
+from finetune.speed.attention import varlen_position_offset
+from finetune.speed.compile import compile_cache_line
+from finetune.speed.hardware import bf16_is_fast
+from finetune.speed.memory import fit_batch_size
+from finetune.training.best import best_model_step, load_best_model, stopped_early
+from finetune.training.checkpoint import (
+    BEST_MODEL_DIR,
+    TrainState,
+    load_checkpoint,
+    resolve_resume,
+)
+from finetune.training.evaluation import evaluate_splits, load_metric, predict
+from finetune.training.loop import Run, train
+from finetune.training.meter import model_flops_utilization
+from finetune.training.steps import plan_steps
+
+
+def run_config(args: TrainConfig, build=None) -> dict:
+    """Collective: the run `args` describes, `setup` to `close`; its results (a finished run's, read
+    back, when relaunched after the end). A failed start or run gives the output folder back."""
+    identity = run_identity(args, launcher_world_size())  # what makes it the same run; read once
+    finished = finished_run(args, identity)
+    if finished is not None:
+        return finished  # relaunched after the end: nothing to do, nothing changed
+    try:
+        run = (build or setup)(args, identity)
+        results = execute(run)
+    except TrainingInterrupted as stopped:
+        if run.accelerator.is_main_process:
+            # Before close(): a launcher may kill this rank once a peer has exited.
+            print(stopped, file=sys.stderr, flush=True)
+        close(run)  # every rank stopped at the same step, so they can leave together
+        raise
+    except BaseException:
+        release_lock(args.output_dir)  # a failed start or run leaves the folder to the next one
+        raise
+    close(run)
+    return results
+
+
+def setup(args: TrainConfig, identity: dict | None = None) -> Run:
+    """Collective: Accelerator, data, model, optimizer, schedule, trackers; resumed state if asked for.
+    Resolves every choice `args` leaves to the run (`Resolved`), once. `identity`: run_config's, or
+    (scripts that call setup alone) this launch's."""
+    started_s = time.perf_counter()
+    identity = identity or run_identity(args, launcher_world_size())
+    output_dir = Path(args.output_dir)
+    resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)
+    check_output_dir(args, resume is not None, identity)
+    take_lock(output_dir)  # rank 0: one run per output folder, until close() (or run_config's failure)
+    trackers = trackers_for(args.report_to)
+    wandb_notice = wandb_offline_notice(trackers)
+    accelerator = build_accelerator(args, trackers)
+    world_size = accelerator.num_processes
+    set_seed(args.seed)
+    bf16_native = bf16_is_fast()
+    loading = loading_options(args, accelerator.device.type, bf16_native)  # refusals before the data
+
+    task, splits = load_splits(args)
+    metric = choose_metric(args, task, splits)  # before the model loads
+    model, tokenizer, backbone, speed = build_model(args, task, accelerator, loading, bf16_native)
+    parameters = parameter_counts(model)  # before prepare: FSDP shards them
+    on_gpu = accelerator.device.type == "cuda"
+    tokenized = tokenize_splits(task, splits, tokenizer, args.max_length, accelerator)
+    batch = {k: getattr(args, k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps")}
+    batch_notice = None
+    if args.auto_find_batch_size and args.do_train:  # collective; sets the batch before the loaders
+        batch, batch_notice = fit_batch_size(args, model, tokenized["train"], tokenizer, accelerator)
+    resolved = Resolved(**metric, **speed, **batch)
+    config = args.with_resolved(resolved)  # what the run trains with, from here on
+    loaders = build_dataloaders(
+        tokenized, tokenizer, config, world_size, on_gpu, position_offset=varlen_position_offset(model)
+    )
+    train_rows = len(tokenized["train"]) if config.do_train else 0  # no training: a plan of zero updates
+    plan = plan_steps(
+        train_rows,
+        config.per_device_train_batch_size,
+        config.gradient_accumulation_steps,
+        world_size,
+        config.num_train_epochs,
+        config.max_train_steps if config.do_train else None,
+        config.warmup_ratio,
+        config.warmup_steps,
+    )
+    betas = (config.adam_beta1, config.adam_beta2)
+    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, betas, config.adam_epsilon)
+    scheduler = get_scheduler(config.lr_scheduler_type, optimizer, plan.warmup_updates, plan.total_updates)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    loaders = {name: accelerator.prepare(loader) for name, loader in loaders.items()}
+    train_loader, test_loader = loaders.pop("train", None), loaders.pop("test", None)
+    state = load_checkpoint(accelerator, resume, identity) if resume else TrainState()
+    state.identity = identity
+
+    if config.overwrite_output_dir and resume is None:
+        # Rank 0, once every flag, file and model has loaded: a refused start keeps the earlier run.
+        remove_earlier_run(output_dir)
+    # The top level is the configuration the run trains with (flags, each auto resolved), as before;
+    # `args` the flags as given, `resolved` the choices, `identity` what makes it the same run.
+    record = {
+        **to_dict(config),
+        **describe_runtime(accelerator),
+        "plan": vars(plan),
+        "backbone": backbone,
+        "args": to_dict(args),
+        "resolved": to_dict(resolved),
+        "identity": identity,
+    }
+    state.tracker_run_id = start_trackers(
+        accelerator, config.project_name, record, output_dir, state.tracker_run_id, config.run_name
+    )
+    log = None
+    if accelerator.is_main_process:
+        with writing("train_config.json", output_dir):
+            (output_dir / "train_config.json").write_text(json.dumps(record, indent=2))
+        log = MetricsLog(accelerator, config.output_dir, resumed_step=state.global_step if resume else None)
+        if wandb_notice:
+            print(wandb_notice)
+        if batch_notice:
+            print(batch_notice)
+        print(run_summary(accelerator, config, plan, resume, state.global_step))
+        print(describe_parameters(parameters))
+        print(task.summary())
+    return Run(
+        config=config,
+        task=task,
+        accelerator=accelerator,
+        model=model,
+        tokenizer=tokenizer,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        train_loader=train_loader,
+        eval_loaders=loaders,
+        test_loader=test_loader,
+        plan=plan,
+        state=state,
+        log=log,
+        rows={name: len(split) for name, split in splits.items()},
+        started_s=started_s,
+        flops_per_token=flops_per_token(accelerator.unwrap_model(model), config.use_peft),
+        given_flags=changed_flags(args),
+    )
+
+
+def execute(run: Run) -> dict:
+    """Collective: train (unless --do_train false), evaluate, predict (--do_predict); export the model,
+    its card and curves; write results.json."""
+    accelerator, config, state, task = run.accelerator, run.config, run.state, run.task
+    output_dir = Path(config.output_dir)
+    results = {}
+    if config.do_train:
+        stop = StopSignals()
+        try:
+            runtime_s, eval_runtime_s = train(run, stop)
+        except torch.OutOfMemoryError:
+            raise TrainingFailed(
+                f"out of memory at step {state.global_step + 1} with --per_device_train_batch_size "
+                f"{config.per_device_train_batch_size}: halve it and double --gradient_accumulation_steps "
+                f"to keep the global batch of {run.plan.global_batch_size}"
+            ) from None
+        finally:
+            stop.restore()
+        exported = use_best_model(run)  # collective: the evaluation of the model exported below
+        export_model(accelerator, run.model, run.tokenizer, config.output_dir)
+        if config.torch_compile and accelerator.is_main_process:
+            print(compile_cache_line())  # whether this run reused an earlier run's compiled code
+        last_eval = state.last_evaluation or {}
+        results = {
+            **{k: v for k, v in exported.items() if k not in ("step", "epoch")},
+            "global_step": state.global_step,
+            "epoch": last_eval.get("epoch", state.epoch),
+            # The whole run: seconds summed over its segments (a resumed run adds its checkpoint's).
+            "train_runtime_s": runtime_s,
+            "train_samples": state.samples_seen,
+            "train_samples_per_second": state.samples_seen / runtime_s,
+            "train_tokens_per_second": state.tokens_seen / runtime_s,
+            **model_flops_utilization(run, state.tokens_seen / runtime_s, "train_mfu"),
+            "eval_runtime_s": eval_runtime_s,
+            "best_metric": state.best_metric,
+            "best_step": state.best_step,
+            **training_outcome(run, exported),
+        }
+    elif run.eval_loaders:
+        results = evaluate_splits(
+            accelerator, run.model, run.eval_loaders, load_metric(task, accelerator), task
+        )
+        if accelerator.is_main_process:  # the evaluation's line, as a training run logs each one
+            run.log.log({"step": 0, **{k: v for k, v in results.items() if not isinstance(v, dict)}})
+    predictions = None
+    if run.test_loader is not None:
+        predictions = predict(accelerator, run.model, run.test_loader, task, run.rows["test"])
+        results["predict_samples"] = len(predictions)
+    results.update(describe_runtime(accelerator))
+    results.update(parameter_counts(accelerator.unwrap_model(run.model)))
+    # Collective: DDP keeps replicas equal by construction; this proves it for this run.
+    results["replicas_identical"] = replicas_identical(accelerator, run.model)
+    machine = hardware(accelerator)
+    if accelerator.is_main_process:
+        if predictions is not None:
+            with writing("predictions.jsonl", output_dir), (output_dir / "predictions.jsonl").open("w") as f:
+                f.writelines(json.dumps(p) + "\n" for p in predictions)
+        if config.do_train:
+            with writing(CURVES_FILE, output_dir):
+                plot_training_curves(
+                    output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys(per_class=False)
+                )
+            wall_s = time.perf_counter() - run.started_s
+            card = output_dir / "README.md"
+            if card.exists() and not (card.is_file() and is_model_card(card)):  # the user's: kept
+                print(f"{card} is not a model card of finetune's: kept as it is, no model card written")
+            else:
+                with writing("the model card (README.md)", output_dir):
+                    write_model_card(card, config, task, results, run.rows, machine, wall_s, run.given_flags)
+        with writing(CONFUSION_FILE, output_dir):  # custom single-label tasks only
+            plot_confusion_matrix(results, output_dir / CONFUSION_FILE)
+        # Last: results.json marks a finished run.
+        with writing("results.json", output_dir):
+            (output_dir / "results.json").write_text(json.dumps(results, indent=2))
+        print(json.dumps(results, indent=2))
+        written = ["model, tokenizer, README.md (model card), training_curves.png"] if config.do_train else []
+        written += ["predictions.jsonl"] if predictions is not None else []
+        logged = config.do_train or bool(run.eval_loaders)
+        written.append(
+            "results.json, metrics.jsonl, train_config.json" if logged else "results.json, train_config.json"
+        )
+        print(f"{', '.join(written)}: {output_dir.resolve()}")
+        if config.push_to_hub:
+            print(f"pushed to {push_to_hub(config.output_dir, config.hub_model_id)}")
+    return results
+
+
+def use_best_model(run: Run) -> dict:
+    """Collective: with --load_best_model_at_end, the best weights (best_model/) put back into the model
+    for the export, the predictions and the Hub, as Hugging Face Trainer does. Returns the evaluation
+    of the model that stays: the best, or the last one."""
+    config, state, accelerator = run.config, run.state, run.accelerator
+    if not (config.load_best_model_at_end and state.best_evaluation):
+        return state.last_evaluation or {}
+    if state.best_step != state.global_step:
+        if best_model_step(config.output_dir) != state.best_step:  # read by every rank: the same file
+            if accelerator.is_main_process:
+                print(
+                    f"--load_best_model_at_end: {Path(config.output_dir) / BEST_MODEL_DIR} does not hold the "
+                    f"best model (step {state.best_step}; was the checkpoint resumed in another folder?): "
+                    f"the model exported is the last one, from step {state.global_step}"
+                )
+            return state.last_evaluation or {}
+        load_best_model(accelerator, run.model, config.output_dir)
+    if accelerator.is_main_process:
+        print(
+            f"--load_best_model_at_end: exporting{' and predicting with' if run.test_loader else ''} the "
+            f"best model, from step {state.best_step} ({config.metric_for_best_model} "
+            f"{state.best_metric:.4f}); the last step was {state.global_step}"
+        )
+    return state.best_evaluation
+
+
+def training_outcome(run: Run, exported: dict) -> dict:
+    """results.json's account of the evaluations: the best, the last, which one the exported model is,
+    and why training ended."""
+    config, state = run.config, run.state
+    early = stopped_early(config, state)
+    return {
+        "best_evaluation": state.best_evaluation,
+        "last_evaluation": state.last_evaluation,
+        "exported_model_step": exported.get("step", state.global_step),
+        "stopped_early": early,
+        "early_stopping_step": state.global_step if early else None,
+    }
+
+
+def close(run: Run) -> None:
+    """Collective: finish the trackers and leave the process group, every rank together."""
+    accelerator = run.accelerator
+    accelerator.wait_for_everyone()
+    # DDP's reducer holds the process group: destroyed after the group, it deadlocks in
+    # ~ProcessGroupGloo. So the model and every reference to it go first.
+    run.model = run.optimizer = run.scheduler = run.train_loader = None
+    run.eval_loaders = {}
+    accelerator.free_memory()
+    accelerator.end_training()
+    release_lock(run.config.output_dir)
+
+
+def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:
+    """One line, printed once by the main process: what this job really got, every speed path named."""
+    job = (
+        f"world_size={accelerator.num_processes} device={accelerator.device} "
+        f"mixed_precision={accelerator.mixed_precision} "
+    )
+    weights = f"torch_dtype={config.torch_dtype} attn_implementation={config.attn_implementation}"
+    if not config.do_train:
+        return job + (
+            f"evaluation only: per_device_eval_batch={config.per_device_eval_batch_size} "
+            f"padding_free={config.padding_free} pad_to_multiple_of={config.pad_to_multiple_of} "
+            f"torch_compile={str(config.torch_compile).lower()} {weights}"
+        )
+    line = job + (
+        f"per_device_batch={config.per_device_train_batch_size} global_batch={plan.global_batch_size} "
+        f"steps={plan.total_updates} "
+        f"(warmup {plan.warmup_updates}, {plan.updates_per_epoch}/epoch) "
+        f"dropout_kernel={config.dropout_kernel} padding_free={config.padding_free} "
+        f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
+        f"pad_to_multiple_of={config.pad_to_multiple_of} "
+        f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
+        f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
+    )
+    return line + (f" resuming from {resume} at step {global_step}" if resume else "")

@@ -1,0 +1,126 @@
+"""Attention without host waits: masks built without asking the device whether a batch holds padding,
+and `--padding_free varlen`, whose attention runs on packed real tokens with torch's variable-length
+kernel (CUDA only; on CPU a reference that computes the same function, for tests).
+
+The varlen batch comes from `finetune.data.batching.VarlenCollator`: one row of the batch's real tokens,
+positions restarting in every pair, and `cu_seq_lens_q`/`_k` built on the CPU. transformers passes
+those keyword arguments down to the attention function (they are FlashAttention's kwargs), so the
+encoder runs as written; a forward hook hands the pooler (BERT) or the head (RoBERTa, ELECTRA) each
+pair's first token. torch's kernel has no dropout: attention-probability dropout is not applied on
+this path, everything else (hidden-state dropout included) is.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from finetune.errors import ConfigError
+from finetune.speed.padding_free import MODEL_TYPES
+
+VARLEN_ATTENTION = "finetune_varlen"
+
+
+def use_sync_free_masks(model: nn.Module) -> None:
+    """The model's attention, with its mask always built: transformers' SDPA mask otherwise asks
+    `attention_mask.all()` every forward (a wait for the GPU) to drop the mask of a batch without
+    padding. Bucketed batches nearly always hold padding, so the answer is almost always no."""
+    implementation = model.config._attn_implementation
+    if implementation not in ALL_MASK_ATTENTION_FUNCTIONS or implementation not in ALL_ATTENTION_FUNCTIONS:
+        return  # eager (not a registered function) or no transformers mask function: nothing to change
+    name = f"finetune_{implementation}_mask_always"
+    # Global registries of transformers, so filled here rather than at import.
+    AttentionInterface.register(name, ALL_ATTENTION_FUNCTIONS[implementation])
+    AttentionMaskInterface.register(
+        name, functools.partial(_mask_always, ALL_MASK_ATTENTION_FUNCTIONS[implementation])
+    )
+    model.set_attn_implementation(name)
+
+
+def _mask_always(make_mask, *args, **kwargs):
+    kwargs["allow_is_bidirectional_skip"] = False
+    return make_mask(*args, **kwargs)
+
+
+def varlen_position_offset(model: nn.Module) -> int:
+    """Where a pair's positions start: RoBERTa and XLM-R count from their padding id + 1."""
+    if model.config.model_type in ("roberta", "xlm-roberta"):
+        return model.config.pad_token_id + 1
+    return 0
+
+
+def check_varlen(model: nn.Module) -> None:
+    if model.config.model_type not in MODEL_TYPES or model.config.is_decoder:
+        raise ConfigError(
+            f"--padding_free varlen: not for this model ({model.config.model_type}); it takes "
+            f"{', '.join(MODEL_TYPES)} encoders: use --padding_free false"
+        )
+
+
+def use_varlen_attention(model: nn.Module) -> None:
+    """From now on the model takes `VarlenCollator` batches: attention through `varlen_attention`,
+    and the encoder returns [pairs, 1, width]: each pair's first token, all the pooler or head reads."""
+    check_varlen(model)
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
+    AttentionMaskInterface.register(VARLEN_ATTENTION, _no_mask)
+    model.base_model.encoder.register_forward_hook(_first_tokens, with_kwargs=True)
+    model.set_attn_implementation(VARLEN_ATTENTION)
+
+
+def _no_mask(*args, **kwargs):
+    return None  # the pairs' bounds are the mask
+
+
+def _first_tokens(encoder, args, kwargs, output):
+    bounds = kwargs.get("cu_seq_lens_q")
+    if bounds is not None:  # [pairs + padding segments (as many) + 1]: the pairs' starts come first
+        starts = bounds[: (bounds.shape[0] - 1) // 2]
+        output.last_hidden_state = output.last_hidden_state[0].index_select(0, starts).unsqueeze(1)
+    return output
+
+
+def varlen_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    cu_seq_lens_q=None,
+    cu_seq_lens_k=None,
+    max_length_q=None,
+    max_length_k=None,
+    **kwargs,
+):
+    """[1, heads, tokens, head size] queries, keys and values of packed pairs -> [1, tokens, heads,
+    head size]: each token attends to its own pair only. No attention dropout (see the module)."""
+    query, key, value = (t[0].transpose(0, 1) for t in (query, key, value))  # [tokens, heads, head size]
+    if query.device.type == "cuda":
+        from torch.nn.attention.varlen import varlen_attn
+
+        output = varlen_attn(
+            query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k, scale=scaling
+        )
+    else:
+        output = reference_varlen_attention(query, key, value, cu_seq_lens_q, scale=scaling)
+    return output.unsqueeze(0), None
+
+
+def reference_varlen_attention(query, key, value, bounds, scale=None):
+    """What torch's varlen kernel computes, on any device: SDPA over all tokens with a block-diagonal
+    mask (a token sees the keys of its own segment). Memory grows with tokens²: for tests and CPU runs."""
+    tokens = query.shape[0]
+    segment = torch.searchsorted(
+        bounds[1:], torch.arange(tokens, device=query.device, dtype=bounds.dtype), right=True
+    )
+    same = segment.unsqueeze(0) == segment.unsqueeze(1)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), attn_mask=same, scale=scale
+    )
+    return output.transpose(0, 1)

@@ -1,0 +1,1 @@
+"""Training: the loop, evaluation, the best model, checkpoints, the step plan."""

@@ -1,0 +1,141 @@
+"""Loss, metrics and predictions: every row counted exactly once, whatever the number of processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import evaluate as hf_evaluate
+import torch
+import torch.nn.functional as F
+
+from finetune.data.tasks import Task, eval_key
+from finetune.metrics.classification import multi_label_scores, single_label_scores
+
+METRICS_DIR = Path(__file__).parents[1] / "metrics"
+
+
+def load_metric(task: Task, accelerator):
+    """Collective (rank 0 first): the task's metric module."""
+    # The metric module ships with the package, so this needs no Hub; rank 0 copies it into the
+    # modules cache first so ranks do not race on that copy.
+    with accelerator.main_process_first():
+        return hf_evaluate.load(
+            str(METRICS_DIR / "glue"), "regression" if task.is_regression else "classification"
+        )
+
+
+def loss_sum(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Tensor:
+    """Summed over the batch, in fp32 whatever the autocast dtype: cross-entropy (each row weighted
+    by its class's --class_weights, targets smoothed by --label_smoothing_factor), squared error, or
+    for multi-label rows binary cross-entropy averaged over the labels (transformers'
+    BCEWithLogitsLoss per row)."""
+    if task.is_regression:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
+    if task.multi_label:
+        bce = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
+        return bce / logits.shape[-1]
+    # Unnormalized (the sum of weight x loss, not divided by the weights): 'balanced' weights
+    # average 1 over the training rows, so the loss keeps its scale.
+    weights = task.class_weights
+    weight = None if weights is None else torch.tensor(weights, dtype=torch.float32, device=logits.device)
+    return F.cross_entropy(
+        logits.float(), labels, weight=weight, reduction="sum", label_smoothing=task.label_smoothing
+    )
+
+
+class EvaluationAbandoned(Exception):
+    """A stop signal arrived during evaluation: it is dropped, not finished, so the checkpoint comes
+    within seconds (a preemption notice gives ~30 s)."""
+
+
+def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, should_stop=None) -> dict:
+    """Collective: the task's metrics, the loss and the row count of every evaluation split, as
+    `eval_<metric>`, `eval_loss` and `eval_<split>_samples` (`eval_matched_<metric>`,
+    `eval_matched_loss` for MNLI's splits, and `eval_loss` over the rows of both).
+
+    `should_stop` (collective too) is asked before every batch; when it says yes,
+    `EvaluationAbandoned` is raised on every rank."""
+    results, loss_total, rows = {}, 0.0, 0
+    for split, loader in eval_loaders.items():
+        scores = evaluate(accelerator, model, loader, metric, task, should_stop)
+        results.update({eval_key(split, m): scores[m] for m in task.metrics + task.per_class_metrics})
+        if "confusion_matrix" in scores:  # rows: true label, columns: predicted; not sent to trackers
+            matrix = {"labels": list(task.label_names), "matrix": scores["confusion_matrix"]}
+            results[eval_key(split, "confusion_matrix")] = matrix
+        results[eval_key(split, "loss")] = scores["loss"]
+        results[eval_key(split, "samples")] = scores["samples"]
+        loss_total, rows = loss_total + scores["loss"] * scores["samples"], rows + scores["samples"]
+    if eval_loaders:  # MNLI's splits have their own losses too; eval_loss is over every row
+        results["eval_loss"] = loss_total / max(rows, 1)
+    return results
+
+
+def evaluate(accelerator, model, loader, metric, task: Task, should_stop=None) -> dict:
+    """Collective: metrics over the whole split, each row counted exactly once across ranks."""
+    references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop)
+    scores = _scores(logits, references, metric, task)
+    # The training loss over the split's rows, from the fp32 logits: eval_loss.
+    loss = float(loss_sum(logits, references, task)) / max(len(references), 1)
+    return {**scores, "loss": loss, "samples": len(references)}
+
+
+def _scores(logits: torch.Tensor, references: torch.Tensor, metric, task: Task) -> dict:
+    """GLUE tasks and regression: the GLUE metric module; custom classification: finetune.metrics."""
+    if task.multi_label:
+        return multi_label_scores((logits.sigmoid() >= task.threshold).numpy(), references.numpy())
+    if task.name == "custom" and not task.is_regression:
+        return single_label_scores(logits.argmax(dim=-1).numpy(), references.numpy(), task.label_names)
+    predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(dim=-1)
+    scores = metric.compute(predictions=predictions.numpy(), references=references.numpy())
+    return {k: float(v) for k, v in scores.items()}
+
+
+def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]:
+    """Collective: one prediction per input row, in input order, gathered to every rank.
+
+    Batches run length-sorted and sharded over ranks; each carries its row numbers, so the result
+    is put back in file order whatever the sharding, and checked to hold every row once."""
+    rows, logits = _gathered_logits(accelerator, model, loader, "row")
+    order = rows.argsort()
+    if not torch.equal(rows[order], torch.arange(num_rows)):
+        raise RuntimeError(
+            f"predictions cover {len(rows)} rows ({rows.unique().numel()} distinct) of {num_rows}"
+        )
+    logits = logits[order]
+    if task.is_regression:
+        return [{"row": i, "score": score} for i, score in enumerate(logits.squeeze(-1).tolist())]
+    names = task.label_names
+    if task.multi_label:  # independent sigmoids: every label at or over --multi_label_threshold
+        probabilities = logits.sigmoid()
+        return [
+            {"row": i, "labels": [n for n, p in zip(names, row, strict=True) if p >= task.threshold],
+             "probabilities": dict(zip(names, row, strict=True))}
+            for i, row in enumerate(probabilities.tolist())
+        ]  # fmt: skip
+    labels = logits.argmax(dim=-1).tolist()
+    return [
+        {"row": i, "label": names[label], "probabilities": dict(zip(names, p, strict=True))}
+        for i, (label, p) in enumerate(zip(labels, logits.softmax(dim=-1).tolist(), strict=True))
+    ]
+
+
+def _gathered_logits(
+    accelerator, model, loader, key: str, should_stop=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Collective: fp32 logits of every row with the batch's `key` column (labels, row numbers),
+    gathered from all ranks; gather_for_metrics drops the rows Accelerate repeated to give every
+    rank equal batches."""
+    model.eval()
+    keys, outputs = [], []
+    with torch.no_grad():
+        for batch in loader:
+            if should_stop is not None and should_stop():  # every rank, at the same batch
+                model.train()
+                raise EvaluationAbandoned
+            key_values = batch.pop(key)
+            logits = model(**batch).logits.float()
+            key_values, logits = accelerator.gather_for_metrics((key_values, logits))
+            keys.append(key_values)  # kept on the device: no wait per batch
+            outputs.append(logits)
+    model.train()
+    return torch.cat(keys).cpu(), torch.cat(outputs).cpu()

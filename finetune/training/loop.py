@@ -1,0 +1,273 @@
+"""The training loop, written once against `accelerate.Accelerator`: `train()` and one optimizer step."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import skip_first_batches
+from tqdm.auto import tqdm
+
+from finetune.config.train_config import TrainConfig
+from finetune.data.tasks import Task
+from finetune.distributed.signals import StopSignals
+from finetune.errors import TrainingFailed, TrainingInterrupted
+from finetune.output.tracking import MetricsLog
+from finetune.training.best import _evaluate_and_keep_best, stopped_early
+from finetune.training.checkpoint import TrainState, complete_checkpoints, save_checkpoint
+from finetune.training.evaluation import EvaluationAbandoned, load_metric, loss_sum
+from finetune.training.meter import _fractional_epoch, _Meter, model_flops_utilization
+from finetune.training.steps import StepPlan
+
+
+@dataclass
+class Run:
+    """Everything `finetune.run.setup` builds for one run."""
+
+    config: TrainConfig
+    """What the run trains with: the flags, each auto and derived choice resolved (train_config.json)."""
+    task: Task
+    accelerator: object
+    model: object
+    tokenizer: object
+    optimizer: object
+    scheduler: object
+    train_loader: object
+    eval_loaders: dict
+    test_loader: object
+    plan: StepPlan
+    state: TrainState
+    log: MetricsLog | None
+    rows: dict
+    """Rows per split after --max_*_samples, for the model card and the prediction check."""
+    started_s: float
+    """time.perf_counter() when setup began: the model card's wall time."""
+    flops_per_token: int
+    """6 x non-embedding parameters: the training FLOPs of one real token, for MFU."""
+    given_flags: dict
+    """The flags the user set (command line and YAML), as given: the model card's command."""
+    first_nonfinite_step: torch.Tensor | None = None
+    """On the device, set by train(): the first step whose gradient norm was NaN or inf (0: none).
+    That step was skipped on the device; the run fails when the flag is next read (`_raise_if_diverged`)."""
+    meter: _Meter | None = None
+    """Set by train(): the open logging window and this segment's clock; a checkpoint keeps both."""
+
+
+def train(run: Run, stop: StopSignals):
+    """Collective: optimizer steps until `plan.total_updates` or early stopping, evaluating on
+    --eval_strategy.
+
+    Returns the run's training seconds and evaluation seconds, each summed over its segments (a resumed
+    run adds the seconds its checkpoint recorded); the evaluations are in `run.state`. A stop signal ends
+    the run after the current step with a checkpoint and `TrainingInterrupted`.
+    """
+    accelerator, model, config, plan, state = run.accelerator, run.model, run.config, run.plan, run.state
+    world_size = accelerator.num_processes
+    full_window = config.per_device_train_batch_size * config.gradient_accumulation_steps * world_size
+    metric = load_metric(run.task, accelerator)
+    run.first_nonfinite_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)
+    window_samples = 0
+    # A context manager: the bar is closed before any error message is printed.
+    with tqdm(
+        total=plan.total_updates,
+        initial=state.global_step,
+        desc="train",
+        unit="step",
+        disable=not accelerator.is_local_main_process,
+    ) as progress:
+        meter = run.meter = _Meter(accelerator, state)  # starts this segment's clock
+        # Resumed from a checkpoint whose evaluation a stop signal abandoned: that step's evaluation first.
+        meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
+        model.train()
+        for epoch in range(state.epoch, plan.num_epochs):
+            if stopped_early(config, state):
+                break
+            state.epoch = epoch
+            run.train_loader.set_epoch(epoch)
+            # Resume mid-epoch: the same (seed, epoch) order, minus the micro-batches already done.
+            batches = (
+                skip_first_batches(run.train_loader, state.micro_batches_in_epoch)
+                if state.micro_batches_in_epoch
+                else run.train_loader
+            )
+            for batch in batches:
+                if state.global_step >= plan.total_updates:  # also: resumed after the last step
+                    break
+                labels = batch.pop("labels")
+                with accelerator.accumulate(model):  # no gradient all-reduce until the window's last one
+                    summed = loss_sum(model(**batch).logits, labels, run.task)
+                    # Scaled as the mean over a full micro-batch; Accelerate divides by the accumulation
+                    # steps and DDP averages over ranks, so a full window yields the mean over its pairs.
+                    accelerator.backward(summed / config.per_device_train_batch_size)
+                window_samples += labels.shape[0]
+                state.micro_batches_in_epoch += 1
+                meter.add(summed, batch["attention_mask"], labels.shape[0])
+                if not accelerator.sync_gradients:  # the same on every rank: the window goes on
+                    continue
+                meter.grad_norm = _optimizer_step(run, window_samples, full_window)  # collective; on device
+                state.global_step += 1
+                window_samples = 0
+                progress.update(1)
+                if after_update(run, metric, stop, progress):  # collective: log, evaluate, checkpoint, stop
+                    break
+            if stopped_early(config, state):
+                break  # mid-epoch: the state stays at the step where it stopped
+            state.epoch, state.micro_batches_in_epoch = epoch + 1, 0
+            if config.checkpoint_every_epoch:
+                _save(run)
+            if state.global_step >= plan.total_updates:
+                break
+    _raise_if_diverged(run)  # before the caller exports the model
+    meter.flush(accelerator, state)  # collective: pairs not yet logged still count toward throughput
+    return meter.run_seconds()
+
+
+def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
+    """Collective: what follows an optimizer update, in this order: the log line when one is due (rank 0
+    writes it), the evaluation when one is due, the checkpoint when one is due, a stop signal's checkpoint
+    and `TrainingInterrupted`. Returns whether early stopping ends training here."""
+    accelerator, config, state, meter = run.accelerator, run.config, run.state, run.meter
+    if state.global_step % config.logging_steps == 0 or state.global_step == run.plan.total_updates:
+        record = _train_record(run, meter)  # collective; reads the device
+        if accelerator.is_main_process:
+            run.log.log(record)
+        progress.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_second']:.0f}")
+    # Before the checkpoint, so one written at this step holds this evaluation's counters.
+    meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
+    _checkpoint_or_stop(run, stop)  # collective
+    return stopped_early(config, state)
+
+
+def _optimizer_step(run: Run, window_samples: int, full_window: int) -> torch.Tensor:
+    """Collective: one update from the accumulated gradients; returns their norm, on the device.
+
+    Nothing here waits for the device. A NaN or inf norm (identical on every rank after the
+    all-reduce) is the NaN guard: the update is skipped on the device (fused AdamW's `found_inf`;
+    in fp16 GradScaler skips it itself) and the step is kept in `run.first_nonfinite_step`, read at
+    the next log line, checkpoint or evaluation, which fail the run naming that step."""
+    accelerator, model, config = run.accelerator, run.model, run.config
+    if accelerator.gradient_state.end_of_dataloader:  # every rank at once
+        _average_over_real_window(accelerator, model, window_samples, full_window)
+    # With clipping off the norm is still measured (max inf): it is the NaN guard.
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
+    nonfinite = ~torch.isfinite(grad_norm)
+    first = run.first_nonfinite_step
+    first.copy_(torch.where(nonfinite & (first == 0), run.state.global_step + 1, first))
+    if accelerator.scaler is None:
+        # torch's fused Adam/AdamW step reads this attribute (GradScaler sets it in fp16) and
+        # leaves weights, moments and step count as they were where it is 1.
+        getattr(run.optimizer, "optimizer", run.optimizer).found_inf = nonfinite.float()
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return grad_norm.detach()
+
+
+def _raise_if_diverged(run: Run) -> None:
+    """A host read of the device's NaN flag (every rank holds the same): TrainingFailed naming the
+    first non-finite step. Called where the loop waits anyway: log lines, checkpoints, evaluation."""
+    if run.first_nonfinite_step is not None:
+        step = int(run.first_nonfinite_step)
+        if step:
+            raise _diverged(step, run.config.output_dir)
+
+
+def _train_record(run: Run, meter: _Meter) -> dict:
+    """Collective: the metrics.jsonl line for the steps since the last one (reads the device)."""
+    _raise_if_diverged(run)
+    loss_total, samples, tokens, seconds = meter.flush(run.accelerator, run.state)
+    return {
+        "step": run.state.global_step,
+        "epoch": _fractional_epoch(run),
+        "loss": loss_total / samples,
+        "learning_rate": run.scheduler.get_last_lr()[0],
+        "grad_norm": float(meter.grad_norm),
+        "samples_per_second": samples / seconds,
+        "tokens_per_second": tokens / seconds,
+        **model_flops_utilization(run, tokens / seconds, "mfu"),
+    }
+
+
+def _checkpoint_or_stop(run: Run, stop: StopSignals) -> None:
+    """Collective: the --checkpointing_steps checkpoint; after a stop signal on any rank, a
+    checkpoint (unless this step just wrote one) and `TrainingInterrupted` on every rank."""
+    accelerator, config, state = run.accelerator, run.config, run.state
+    every = config.checkpoint_every_n_steps
+    checkpoint = None
+    if every and state.global_step % every == 0:
+        checkpoint = _save(run)
+    signal_name = stop.requested(accelerator)
+    if signal_name:
+        raise TrainingInterrupted(signal_name, state.global_step, checkpoint or _save(run))
+
+
+def _save(run: Run) -> Path:
+    """Collective: a checkpoint of this step, with the open logging window and the run's seconds."""
+    _raise_if_diverged(run)  # no checkpoint after a non-finite step
+    run.meter.keep_in(run.accelerator, run.state)  # collective
+    config = run.config
+    return save_checkpoint(
+        run.accelerator, config.output_dir, run.state, run.accelerator.num_processes, config.save_total_limit
+    )
+
+
+def _evaluation_due(config: TrainConfig, plan: StepPlan, state: TrainState) -> bool:
+    """Whether this step is evaluated: --eval_strategy's steps, and always the last one, never twice."""
+    step = state.global_step
+    if config.eval_strategy == "no" or step == 0 or state.last_eval_step == step:
+        return False
+    if step == plan.total_updates:
+        return True
+    if config.eval_strategy == "epoch":
+        return state.micro_batches_in_epoch == plan.micro_batches_per_epoch
+    return step % config.eval_steps == 0
+
+
+def _evaluate_if_due(run: Run, metric, stop: StopSignals, progress) -> float:
+    """Collective: the evaluation this step is due (see `_evaluation_due`), if any; its seconds.
+
+    A stop signal abandons it: a checkpoint of this step (which the resumed run evaluates) and
+    `TrainingInterrupted` on every rank."""
+    if not _evaluation_due(run.config, run.plan, run.state):
+        return 0.0
+    _raise_if_diverged(run)  # no evaluation, hence no best_model/, of skipped-step weights
+    tic = time.perf_counter()
+    try:
+        _evaluate_and_keep_best(run, metric, stop, progress)
+    except EvaluationAbandoned:  # on every rank
+        run.meter.exclude(time.perf_counter() - tic)  # the checkpoint's training seconds leave it out
+        signal_name = stop.received or "SIGTERM"  # a peer's signal; preemption is the usual cause
+        raise TrainingInterrupted(signal_name, run.state.global_step, _save(run)) from None
+    return time.perf_counter() - tic
+
+
+def _average_over_real_window(accelerator, model, window_samples: int, full_window: int) -> None:
+    """Collective. The epoch's last window may hold fewer pairs (fewer micro-batches, a short last
+    batch): rescale its gradients so the update is the mean over the pairs it really saw, not
+    their sum divided by a full window (what accumulate alone, HF Trainer and Lightning do).
+    With several processes the scale stays on the device: no wait for it."""
+    if accelerator.num_processes == 1:
+        if window_samples == full_window:
+            return
+        scale = full_window / window_samples
+    else:
+        seen = accelerator.reduce(
+            torch.tensor(window_samples, device=accelerator.device, dtype=torch.float64), "sum"
+        )
+        scale = full_window / seen
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    torch._foreach_mul_(grads, scale)
+
+
+def _diverged(step: int, output_dir: str) -> TrainingFailed:
+    """The step was skipped on the device, and nothing is saved once the flag is set, so no NaN
+    reaches the weights or a checkpoint."""
+    latest = complete_checkpoints(output_dir)
+    last_good = latest[-1] if latest else "none (set --checkpointing_steps)"
+    return TrainingFailed(
+        f"the loss became NaN or inf at step {step}; the last good checkpoint is {last_good}; "
+        "lower --learning_rate or --max_grad_norm, or use bf16 instead of fp16"
+    )
