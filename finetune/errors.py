@@ -10,10 +10,28 @@ from pathlib import Path
 
 
 class ConfigError(ValueError):
-    """A setting the user can fix; the message names the flag and the fix."""
+    """A setting the user can fix: one line naming the flag (or file) and the fix.
+
+    `flag` and `fix` are fields, so code and tests read them instead of the wording. Given explicitly, or
+    read from the message's shapes: "<what is wrong>; <what to do>" (the fix: after the last "; "),
+    "--flag must be <rule>, got <value>" (the rule; also "takes", "needs"), "--flag: <what to do>"; the
+    flag: the first --flag named."""
 
     debug = False
     """Whether the run asked for --debug (set where the config could not be built)."""
+
+    def __init__(self, message: str, *, flag: str | None = None, fix: str | None = None):
+        super().__init__(message)
+        named = re.search(r"--[a-z][a-z0-9_]*", message)
+        self.flag = flag or (named.group(0) if named else None)
+        rule = re.search(r" (must be|must|takes|needs) (.+?)(?:, got |$)", message)
+        if fix is None and "; " in message:
+            fix = message.rsplit("; ", 1)[1]
+        elif fix is None and rule:
+            fix = f"{self.flag or 'it'} {rule.group(1)} {rule.group(2)}"
+        elif fix is None and ": " in message:
+            fix = message.split(": ", 1)[1]
+        self.fix = fix
 
 
 class TrainingFailed(Exception):

@@ -118,8 +118,9 @@ def test_unparsable_yaml_names_the_file(tmp_path):
 )
 def test_bad_values_name_the_flag(field, value, flag):
     kwargs = {"train_file": "t.jsonl", "validation_file": "v.jsonl", field: value}
-    with pytest.raises(ConfigError, match=flag):
+    with pytest.raises(ConfigError) as refused:
         TrainConfig(**kwargs)
+    assert refused.value.flag == flag and refused.value.fix
 
 
 @pytest.mark.parametrize(

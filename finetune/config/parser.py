@@ -13,7 +13,7 @@ import yaml
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-from finetune.config.train_config import TrainConfig, default_of
+from finetune.config.train_config import TrainConfig, default_of, flag_help
 from finetune.errors import ConfigError
 
 
@@ -35,8 +35,11 @@ class _Parser(HfArgumentParser):
 
     def _add_dataclass_arguments(self, dtype):
         super()._add_dataclass_arguments(dtype)
+        docs = flag_help()
         for action in self._actions:
             negation = isinstance(action, argparse._StoreFalseAction)
+            if action.dest in docs and not negation:
+                action.help = docs[action.dest]  # the field's attribute docstring
             if negation and action.option_strings[0].startswith("--no_"):
                 action.help = f"Turn off --{action.dest}."  # not the positive flag's text again
                 action.default = argparse.SUPPRESS  # the positive flag's default decides, not "False"

@@ -1,0 +1,166 @@
+"""The data group of flags: the task, where its rows come from, their labels, and how many."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from finetune.data.tasks import TASK_CHOICES
+from finetune.errors import ConfigError
+
+DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+GLUE_DATASET = "nyu-mll/glue"
+TaskName = Literal[TASK_CHOICES]
+SPLIT_NAMES = {"train_split_name": "train", "validation_split_name": "validation", "test_split_name": "test"}
+
+
+@dataclass(frozen=True)
+class DataArgs:
+    """Data: the task, where its rows come from, their labels, and how many."""
+
+    task_name: TaskName = "mnli"
+    """A GLUE task, or custom: your own files or dataset, its labels read from the data."""
+    dataset_name: str | None = GLUE_DATASET
+    """Hub dataset id, or a local folder of data files (custom tasks); ignored when local files are given."""
+    dataset_config_name: str | None = None
+    """Hub dataset subset; default: the task name (GLUE), none (custom)."""
+    train_split_name: str = "train"
+    """Custom task with --dataset_name: its training split."""
+    validation_split_name: str = "validation"
+    """Custom task with --dataset_name: its validation split (or --validation_split_percentage)."""
+    test_split_name: str = "test"
+    """Custom task with --dataset_name: the split --do_predict reads."""
+    train_file: str | None = None
+    """Local training file (.jsonl/.json/.csv/.tsv/.parquet: text column(s) and a label column)."""
+    validation_file: str | None = None
+    """Local validation (MNLI: matched) file, same columns."""
+    validation_mismatched_file: str | None = None
+    """Optional local MNLI validation-mismatched file, same columns."""
+    test_file: str | None = None
+    """Local file to predict with --do_predict; only the text column(s) are needed."""
+    text_columns: str | None = None
+    """Comma-separated text column(s) of the files, one or two; default: the task's own."""
+    label_column: str = "label"
+    """Label column of the files (class name, class id or a float)."""
+    label_separator: str = "|"
+    """Separator of several labels in one CSV/TSV label cell (sports|politics): such cells, or JSON lists in
+    JSONL, make a custom task multi-label (sigmoid per label, BCE loss). 'none': a cell is one label, whatever
+    it holds."""
+    multi_label_threshold: float = 0.5
+    """Multi-label: a label is predicted when its sigmoid probability is at least this."""
+    class_weights: str | None = None
+    """Weights of the classes in the cross-entropy loss (single-label), for unbalanced data: 'balanced'
+    (n_rows / (n_classes * class count) of the training labels) or a comma list in label order. eval_loss is
+    weighted the same way."""
+    validation_split_percentage: int | None = None
+    """Without --validation_file: hold out this percentage of --train_file (seeded by --seed, stratified by
+    label) as the validation split."""
+    max_length: int = 128
+    """Longest tokenized pair in tokens; longer pairs are truncated."""
+    max_train_samples: int | None = None
+    """Use only the first N training rows (debugging)."""
+    max_eval_samples: int | None = None
+    """Use only the first N rows of each evaluation set."""
+    group_by_length: bool = True
+    """Shuffle, then batch pairs of similar length together (far less padding)."""
+
+    def __post_init__(self):
+        """Checks of this group's flags alone (values from YAML or Python arrive unchecked)."""
+        if self.max_length <= 0:
+            raise ConfigError(f"--max_length must be a positive integer, got {self.max_length}")
+        for name in ("max_train_samples", "max_eval_samples"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"--{name} must be a positive integer or left unset, got {value}")
+        if self.text_columns is not None and not 1 <= len(self.text_column_names) <= 2:
+            raise ConfigError(f"--text_columns takes 1 or 2 comma-separated names, got {self.text_columns!r}")
+        if self.task_name == "custom" and not self.text_columns:
+            raise ConfigError("--task_name custom needs --text_columns (one column, or two for pairs)")
+        if self.validation_mismatched_file and self.task_name != "mnli":
+            raise ConfigError("--validation_mismatched_file is for MNLI only; use --validation_file")
+        for name in ("train_file", "validation_file", "validation_mismatched_file", "test_file"):
+            path = getattr(self, name)
+            if path and Path(path).suffix.lower() not in DATA_EXTENSIONS:
+                raise ConfigError(
+                    f"--{name} {path}: unsupported extension; use one of {', '.join(DATA_EXTENSIONS)}"
+                )
+        self._check_labels()
+        renamed = [f"--{flag}" for flag, default in SPLIT_NAMES.items() if getattr(self, flag) != default]
+        if self.uses_local_files and self.dataset_name != GLUE_DATASET:
+            raise ConfigError(
+                "--dataset_name and local files (--train_file, ...) name two sources of rows: give one"
+            )
+        if renamed and (self.uses_local_files or self.task_name != "custom"):
+            raise ConfigError(
+                f"{renamed[0]} names a split of a custom task's --dataset_name; GLUE tasks and local files "
+                "have their own: drop it"
+            )
+        if not self.uses_local_files and not self.dataset_name:
+            raise ConfigError("give local files (--train_file/--validation_file), or a Hub --dataset_name")
+        if not self.uses_local_files and self.task_name == "custom" and self.dataset_name == GLUE_DATASET:
+            raise ConfigError(
+                "--task_name custom: give local files (--train_file, --validation_file) or --dataset_name (a "
+                "Hub dataset id or a local folder of data files)"
+            )
+        if self.task_name != "custom":
+            object.__setattr__(self, "dataset_config_name", self.dataset_config_name or self.task_name)
+
+    def _check_labels(self) -> None:
+        if not 0.0 < self.multi_label_threshold < 1.0:
+            raise ConfigError(f"--multi_label_threshold must be in (0, 1), got {self.multi_label_threshold}")
+        if not self.label_separator:
+            raise ConfigError("--label_separator must not be empty; the default is |, 'none' splits nothing")
+        if self.class_weights not in (None, "balanced"):
+            try:
+                weights = self.listed_class_weights
+            except ValueError:
+                weights = ()
+            if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
+                raise ConfigError(
+                    "--class_weights must be 'balanced' or a comma list of positive numbers, got "
+                    f"{self.class_weights!r}"
+                )
+        p = self.validation_split_percentage
+        if p is not None:
+            if not 0 < p < 100:
+                raise ConfigError(f"--validation_split_percentage must be in 1..99, got {p}")
+            if self.validation_file or (self.uses_local_files and not self.train_file):
+                raise ConfigError(
+                    "--validation_split_percentage carves the validation split out of the training rows: "
+                    "give --train_file (or --dataset_name) and no --validation_file"
+                )
+
+    @property
+    def uses_local_files(self) -> bool:
+        return any((self.train_file, self.validation_file, self.validation_mismatched_file, self.test_file))
+
+    @property
+    def text_column_names(self) -> tuple[str, ...] | None:
+        if self.text_columns is None:
+            return None
+        return tuple(c.strip() for c in self.text_columns.split(",") if c.strip())
+
+    @property
+    def cell_label_separator(self) -> str | None:
+        """--label_separator as the text that splits a label cell; None: cells are whole labels."""
+        return None if self.label_separator == "none" else self.label_separator
+
+    @property
+    def listed_class_weights(self) -> tuple[float, ...] | None:
+        """--class_weights given as a comma list, as numbers; None when unset or 'balanced'."""
+        if self.class_weights in (None, "balanced"):
+            return None
+        return tuple(float(w) for w in self.class_weights.split(","))
+
+    @property
+    def train_source(self) -> str:
+        """The training rows, as a message names them."""
+        if self.train_file:
+            return f"--train_file {self.train_file}"
+        return f"--dataset_name {self.dataset_name} (split {self.train_split_name})"
+
+    @property
+    def carves_validation(self) -> bool:
+        return self.validation_split_percentage is not None and not self.validation_file
