@@ -27,7 +27,7 @@ from finetune.model.flops import flops_per_token
 from finetune.model.lora import describe_parameters, parameter_counts
 from finetune.model.optimizer import build_optimizer
 from finetune.model.options import loading_options
-from finetune.output.card import changed_flags, hardware, is_model_card, write_model_card
+from finetune.output.card import changed_flags, hardware, is_model_card, weights_by_label, write_model_card
 from finetune.output.export import export_model, push_to_hub
 from finetune.output.lock import release_lock, take_lock
 from finetune.output.plots import CONFUSION_FILE, CURVES_FILE, plot_confusion_matrix, plot_training_curves
@@ -137,6 +137,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         **describe_runtime(accelerator),
         "plan": vars(plan),
         "backbone": backbone,
+        "class_weights_by_label": weights_by_label(task),
         "args": to_dict(args),
         "resolved": to_dict(resolved),
         "identity": identity,

@@ -303,3 +303,21 @@ def test_label_cells_as_users_write_them(tmp_path, capsys):
         "or names for classes)"
     )
     assert load([0.5, 1.25, 3.0])[0].summary() == "task: custom, regression (one score per row)"
+
+
+def test_class_weights_are_read_in_the_task_lines_order_and_recorded_beside_their_labels(
+    tiny_model_dir, tmp_path
+):
+    rng = random.Random(0)
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(rng, 60)))
+    out = tmp_path / "out"
+    flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "topic"]
+    flags += ["--class_weights", "1,50,1", "--max_train_steps", "2", "--eval_strategy", "no"]
+    main(tiny_args(tiny_model_dir, {"train": train, "validation": train}, out, *flags))
+    recorded = json.loads((out / "train_config.json").read_text())["class_weights_by_label"]
+    assert recorded == {"politics": 1.0, "sports": 50.0, "weather": 1.0}  # the task line's order
+    assert (
+        "- class weights: {'politics': 1.0, 'sports': 50.0, 'weather': 1.0}"
+        in (out / "README.md").read_text()
+    )

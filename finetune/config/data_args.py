@@ -52,7 +52,8 @@ class DataArgs:
     """Multi-label: a label is predicted when its sigmoid probability is at least this."""
     class_weights: str | None = None
     """Weights of the classes in the cross-entropy loss (single-label), for unbalanced data: 'balanced'
-    (n_rows / (n_classes * class count) of the training labels) or a comma list in label order. eval_loss is
+    (n_rows / (n_classes * class count) of the training labels) or a comma list in the order of the labels on
+    the run's task line; train_config.json and the model card record each label's weight. eval_loss is
     weighted the same way."""
     validation_split_percentage: int | None = None
     """Without --validation_file: hold out this percentage of --train_file (seeded by --seed, stratified by

@@ -3,6 +3,7 @@ multi-hot, or float scores), class weights; the label order of the model's own h
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -37,6 +38,11 @@ def _label_note(task: Task, splits: dict[str, Dataset], config: TrainConfig) -> 
     if "train" not in splits:
         return None
     feature = splits["train"].features["label"]
+    if not task.multi_label and _is_text(feature):
+        labels = [v for v in splits["train"].unique("label") if v is not None]
+        variants = [" = ".join(s) for s in _spellings(labels).values() if len(s) > 1]
+        if variants:
+            return f"labels that differ only in case or spaces are one class: {'; '.join(variants)}"
     if task.multi_label and _is_text(feature):
         return f"label cells split on --label_separator {config.cell_label_separator!r}"
     if task.is_regression:
@@ -158,14 +164,26 @@ def _custom_label_names(splits: dict[str, Dataset], config: TrainConfig) -> tupl
     if train.features["label"].dtype.startswith("float"):
         return None
     values = [v for v in train.unique("label") if v is not None]
-    if len({str(v).strip() for v in values}) < 2:
+    spellings = _spellings(values)
+    if len(spellings) < 2:
         raise ConfigError(
             f"{config.train_source}: every row has the label {values[0] if values else None!r}; "
             "a classifier needs at least two classes in its training data"
         )
     if all(isinstance(v, int) for v in values):
         return tuple(str(v) for v in sorted(values))
-    return tuple(sorted({str(v).strip() for v in values}))
+    if any(len(s) > 1 for s in spellings.values()):  # one class, named as most rows write it
+        counts = Counter(str(v).strip() for v in train["label"] if v is not None)
+        return tuple(sorted(max(s, key=lambda name: (counts[name], name)) for s in spellings.values()))
+    return tuple(sorted(s[0] for s in spellings.values()))
+
+
+def _spellings(values: list) -> dict[str, list[str]]:
+    """Label values as README promises to compare them (trimmed, any case): each class's spellings."""
+    found: dict[str, set[str]] = {}
+    for value in values:
+        found.setdefault(str(value).strip().lower(), set()).add(str(value).strip())
+    return {key: sorted(names) for key, names in found.items()}
 
 
 def _normalize_labels(

@@ -20,6 +20,7 @@ from finetune.data.labels import (
     model_head,
     settle_label_order,
 )
+from finetune.data.rows import refuse_a_float_among_integers, refuse_rows_without_text
 from finetune.data.sources import read_splits
 from finetune.data.tasks import GLUE_TASKS, Task, custom_task
 from finetune.errors import ConfigError
@@ -41,6 +42,8 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
         "test": config.do_predict,
     }
     splits, sources, declared = read_splits(config, task, wanted)
+    for name, split in splits.items():
+        refuse_rows_without_text(split, sources[name], columns)
     if task is None:
         if declared and "train" in splits:  # the dataset's own names, in its own id order
             multi_label, names = isinstance(splits["train"].features["label"], List), declared
@@ -48,6 +51,8 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
             multi_label = _is_multi_label(splits, config)
             names = _multi_label_names(splits, config) if multi_label else _custom_label_names(splits, config)
         task = custom_task(columns, names, multi_label)
+        if task.is_regression and "train" in splits and _whole_numbers(splits["train"]):
+            refuse_a_float_among_integers(config.train_file, config.label_column)
         task = replace(task, label_note=_label_note(task, splits, config))  # said in the run's task line
     else:
         task = task.with_columns(config.text_column_names)
@@ -86,6 +91,11 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
         if limit is not None and limit < len(split):
             splits[name] = split.select(range(limit))
     return task, splits
+
+
+def _whole_numbers(split: Dataset) -> bool:
+    scores = np.asarray(split["label"], dtype=np.float64)
+    return bool(np.all(scores[np.isfinite(scores)] == np.round(scores[np.isfinite(scores)])))
 
 
 def _carve_validation(train: Dataset, config: TrainConfig, task: Task) -> tuple[Dataset, Dataset]:

@@ -49,6 +49,13 @@ def changed_flags(config: TrainConfig) -> dict:
     }
 
 
+def weights_by_label(task: Task) -> dict[str, float] | None:
+    """--class_weights as the run applied them: each weight beside its label (the task line's order)."""
+    if not task.class_weights:
+        return None
+    return {name: round(weight, 6) for name, weight in zip(task.label_names, task.class_weights, strict=True)}
+
+
 def is_model_card(path: Path) -> bool:
     """The card `write_model_card` writes (its front matter), not a README of the user's."""
     head = path.read_text(errors="replace")[:400]
@@ -107,6 +114,7 @@ def write_model_card(
         f"- steps: {results.get('global_step')} optimizer steps, {results.get('epoch')} epochs"
         + (" (stopped early)" if results.get("stopped_early") else ""),
         *_exported_model_line(config, results),
+        *([f"- class weights: {weights_by_label(task)}"] if task.class_weights else []),
         f"- hardware: {machine}, mixed precision {results.get('mixed_precision')}",
         f"- time: {results.get('train_runtime_s', 0):.1f} s training over the whole run "
         f"({results.get('train_samples_per_second', 0):.1f} samples/s); this process ran {wall_s:.1f} s",
