@@ -63,8 +63,8 @@ def test_one_float_among_integer_labels_is_refused_naming_the_row(tmp_path, suff
 @pytest.mark.parametrize(
     ("row", "expected"),
     [
-        ({"text": None, "label": "a"}, "row 2 has no 'text' text (missing or null)"),
-        ({"label": "a"}, "row 2 has no 'text' text (missing or null)"),
+        ({"text": None, "label": "a"}, "row 2 has no text in 'text' (missing or null)"),
+        ({"label": "a"}, "row 2 has no text in 'text' (missing or null)"),
         ({"text": "   ", "label": "a"}, "row 2 has empty text in 'text'"),
     ],
 )

@@ -27,8 +27,8 @@ def refuse_rows_without_text(split: Dataset, source: str, columns: tuple[str, ..
         if values.null_count:
             row = pc.index(pc.is_null(values), True).as_py()
             raise ConfigError(
-                f"{source}: row {row} has no text in {column!r} (missing or null); give every row its text, or "
-                "drop such rows"
+                f"{source}: row {row} has no text in {column!r} (missing or null); give every row its text, "
+                "or drop such rows"
             )
         if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
             return  # a column of numbers is never empty, so no row is empty everywhere
