@@ -56,4 +56,12 @@ def _reason(error: Exception) -> str:
         return error.strerror
     text = str(error).strip()
     quoted = re.search(r'message: "([^"]+)"|I/O error: ([^(]+?) \(os error', text)
-    return next(g for g in quoted.groups() if g) if quoted else text.splitlines()[0][:120]
+    return next(g for g in quoted.groups() if g) if quoted else shorten(text.splitlines()[0], 120)
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` up to `limit` characters, cut between words (with "...") rather than inside one."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit + 1].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    return cut.rstrip(" ,;:(") + " ..."

@@ -354,3 +354,22 @@ def test_user_flags_are_what_the_user_set_not_what_was_resolved(tmp_path):
     # Not a field: no --user_flags flag, no key in train_config.json or docs/flags.md.
     assert "user_flags" not in {f.name for f in dataclasses.fields(TrainConfig)}
     assert "user_flags" not in to_dict(config)
+
+
+def test_yaml_no_is_the_word_no_and_keys_are_given_once(tmp_path):
+    """YAML 1.1 reads `no` as false: a choice flag that takes `no` gets it; a key given twice, or a
+    config key inside the file, is refused in one line."""
+    files = ["train_file: t.jsonl", "validation_file: v.jsonl"]
+    written = tmp_path / "run.yaml"
+    written.write_text(
+        "\n".join([*files, "eval_strategy: no", "mixed_precision: no", "keep_freed_memory: off"])
+    )
+    config = parse_config(["--config", str(written)])
+    assert (config.eval_strategy, config.mixed_precision, config.keep_freed_memory) == ("no", "no", "false")
+    written.write_text("\n".join([*files, "seed: 1", "seed: 2"]))
+    with pytest.raises(ConfigError, match=r"seed is given twice \(line 4\)"):
+        parse_config(["--config", str(written)])
+    written.write_text("\n".join([*files, "config: other.yaml"]))
+    with pytest.raises(ConfigError) as refused:
+        parse_config(["--config", str(written)])
+    assert refused.value.flag == "--config" and "give that file with --config" in refused.value.fix

@@ -124,7 +124,9 @@ def _read_yaml(path: str) -> dict:
     except OSError as e:
         raise ConfigError(f"--config {path}: cannot read it ({e.strerror})") from None
     try:
-        values = yaml.safe_load(text) or {}
+        values = yaml.load(text, Loader=_UniqueKeys) or {}
+    except _DuplicateKey as e:
+        raise ConfigError(f"--config {path}: {e}; keep one") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -135,12 +137,37 @@ def _read_yaml(path: str) -> dict:
     unknown = sorted(set(values) - names)
     if unknown:
         raise _unknown(unknown, f"--config {path}")
-    values.pop("config", None)
+    if "config" in values:
+        raise ConfigError(
+            f"--config {path}: a config key inside the file is not read (files do not include files); "
+            "put its keys in this file, or give that file with --config"
+        )
     # As strings, YAML values go through the same argparse type conversion as flags do,
     # so `learning_rate: 2e-5` (a string to YAML 1.1) and `--learning_rate 2e-5` agree.
     # Lists (lora_target_modules: [query, value]) stay lists of strings, as nargs flags give them.
-    as_strings = {k: v if v is None else str(v) for k, v in values.items()}
+    # YAML 1.1 reads no/yes/off/on as booleans: written back as the flag's words (true, false, and
+    # `no` where a choice flag takes it: eval_strategy, mixed_precision), see _check_yaml_types.
+    as_strings = {
+        k: v if v is None else str(v).lower() if isinstance(v, bool) else str(v) for k, v in values.items()
+    }
     return {**as_strings, **{k: [str(x) for x in v] for k, v in values.items() if isinstance(v, list)}}
+
+
+class _DuplicateKey(yaml.YAMLError):
+    pass
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """safe_load's loader, refusing a key given twice (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(f"{key} is given twice (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _check_yaml_types(parser: HfArgumentParser, values: dict, path: str) -> None:
@@ -151,6 +178,8 @@ def _check_yaml_types(parser: HfArgumentParser, values: dict, path: str) -> None
         action = actions[key]
         if value is None:
             continue
+        if value == "false" and action.choices and "no" in action.choices:
+            value = values[key] = "no"  # `eval_strategy: no`, which YAML 1.1 reads as false
         if action.nargs in ("+", "*") and not isinstance(value, list):
             value = values[key] = [value]
         if isinstance(value, list) and action.nargs not in ("+", "*"):

@@ -67,7 +67,8 @@ class SystemArgs:
     ddp_comm_hook: DdpCommHook = "none"
     """Compress gradients for all-reduce: none, fp16 or bf16 (halves traffic, for slow interconnects)."""
     config: str | None = None
-    """YAML file holding any of these keys; command-line flags override it."""
+    """YAML file holding any of these keys; command-line flags override it. Paths in it are read from the
+    working directory, as on the command line (not from the file's folder)."""
     debug: bool = False
     """Show full Python tracebacks for errors instead of one line."""
 

@@ -13,7 +13,7 @@ from pyarrow import ArrowException
 
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task
-from finetune.errors import ConfigError
+from finetune.errors import ConfigError, shorten
 
 
 def read_splits(
@@ -74,7 +74,9 @@ def _load_dataset_splits(config: TrainConfig, task: Task | None, wanted: dict, c
     try:
         dataset = load_dataset(name, subset)
     except (ConnectionError, FileNotFoundError, ValueError, DatasetGenerationError) as error:
-        detail = str(error).strip().splitlines()[0][:160] if str(error).strip() else type(error).__name__
+        detail = (
+            shorten(str(error).strip().splitlines()[0], 160) if str(error).strip() else type(error).__name__
+        )
         if Path(name).exists() or name.startswith((".", "/", "~")):
             fix = "give a folder of data files of one format (.jsonl, .csv, .parquet) named by split"
         elif subset and "BuilderConfig" in detail:
@@ -210,7 +212,7 @@ def _unreadable(error: Exception, suffix: str) -> str:
     if "corresponds to no data" in detail:
         return "holds no rows (only a header or blank lines)"
     shape = "one JSON object per line" if suffix in (".jsonl", ".json") else "the same fields on every row"
-    return f"cannot be parsed ({detail[:200]}); fix it to hold {shape}"
+    return f"cannot be parsed ({shorten(detail, 200)}); fix it to hold {shape}"
 
 
 def _label_column_as_label(dataset: Dataset, label_column: str) -> Dataset:
