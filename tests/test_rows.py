@@ -84,3 +84,20 @@ def test_a_prediction_row_without_text_is_refused_and_one_empty_side_of_a_pair_i
     one_side = write_rows(tmp_path / "one.jsonl", [{"a": "x", "b": "y"}, {"a": "", "b": "y"}])
     _, splits = load(good, text_columns="a,b", do_predict=True, test_file=one_side)
     assert len(splits["test"]) == 2
+
+
+def test_a_folder_of_mixed_formats_is_one_whole_line(tmp_path):
+    """datasets' own sentence is long: the line keeps whole words and still ends with the fix."""
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    write_rows(folder / "train.jsonl", [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])
+    write_rows(folder / "validation.csv", [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}])
+    with pytest.raises(ConfigError) as refused:
+        load_splits(TrainConfig(task_name="custom", text_columns="text", dataset_name=str(folder)))
+    message = str(refused.value)
+    assert (
+        refused.value.fix
+        == "give a folder of data files of one format (.jsonl, .csv, .parquet) named by split"
+    )
+    detail = message.split("cannot load it (", 1)[1].rsplit("); ", 1)[0]
+    assert detail.endswith(("('csv', {})}", "('json', {})}", " ...")), detail  # whole, or cut between words
