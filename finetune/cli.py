@@ -9,16 +9,30 @@ import sys
 import threading
 
 from finetune.config.parser import parse_config
-from finetune.errors import ConfigError, TrainingFailed, TrainingInterrupted
+from finetune.distributed.ranks import say_once
+from finetune.errors import ConfigError, Stopped, TrainingFailed, TrainingInterrupted
 from finetune.run import run_config
 
 
 def cli(argv: list[str] | None = None, build=None) -> int:
-    """Collective: the command line; a mistake or failure the user can act on is one line on stderr
-    (with `--debug`, its traceback). Returns the exit code."""
+    """Collective: the command line; a mistake or failure the user can act on is one line on stderr,
+    said once however many ranks meet it (with `--debug`, its traceback). Returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again, handled below
+    # Ctrl-C and SIGTERM raise, handled in _run (training takes them over, to stop at a step); signal
+    # handlers belong to the main thread only. The caller's own come back at the end.
+    ours = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _stop}
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = (
+        {signum: signal.signal(signum, handler) for signum, handler in ours.items()} if main_thread else {}
+    )
+    try:
+        return _run(argv, build)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run(argv: list[str], build) -> int:
     config = None
     try:
         config = parse_config(argv)
@@ -26,20 +40,24 @@ def cli(argv: list[str] | None = None, build=None) -> int:
     except (ConfigError, TrainingFailed) as error:
         if config.debug if config is not None else getattr(error, "debug", False):
             raise
-        print(f"error: {error}", file=sys.stderr)
+        say_once(f"error: {error}")
         return 2 if isinstance(error, ConfigError) else 1
     except TrainingInterrupted as stopped:
         return stopped.exit_code  # the main process already said where the checkpoint is
-    except KeyboardInterrupt:  # Ctrl-C outside training's own handler (loading, evaluating, exporting)
+    except (KeyboardInterrupt, Stopped) as stopped:  # outside training's own handler: loading, exporting
         if config is not None and config.debug:
             raise
-        print(
-            "error: interrupted by Ctrl-C; the run did not finish (no results.json); its checkpoints, if "
-            "any, continue with --resume_from_checkpoint auto",
-            file=sys.stderr,
+        name = stopped.signal_name if isinstance(stopped, Stopped) else "Ctrl-C"
+        say_once(
+            f"error: {'interrupted by' if name == 'Ctrl-C' else 'stopped by'} {name}; the run did not finish "
+            "(no results.json); its checkpoints, if any, continue with --resume_from_checkpoint auto"
         )
-        return 130
+        return stopped.exit_code if isinstance(stopped, Stopped) else 130
     return 0
+
+
+def _stop(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None, build=None) -> dict:

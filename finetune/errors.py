@@ -49,6 +49,16 @@ class TrainingInterrupted(Exception):
         )
 
 
+class Stopped(BaseException):
+    """A stop signal outside training's own handling of it (loading, evaluating, exporting): the run
+    stops where it is, unfinished (no results.json). Not an Exception, so no handler swallows it."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        self.exit_code = 128 + signal.Signals[signal_name].value
+
+
 def _reason(error: Exception) -> str:
     """The OS's words: strerror, or what safetensors' Rust error quotes ("I/O error: File too large (os
     error 27)")."""

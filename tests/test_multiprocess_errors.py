@@ -41,3 +41,14 @@ def test_a_full_disk_on_two_ranks_is_one_line(tiny_model_dir, nli_files, tmp_pat
     assert "is the disk full?" in errors[0]
     frames = [line for line in done.stderr.splitlines() if line.strip().startswith("File ")]
     assert not [f for f in frames if "/finetune/" in f], done.stderr[-3000:]
+
+
+def test_an_error_every_rank_meets_is_said_once(tiny_model_dir, nli_files, tmp_path):
+    """Both ranks read the same bad file and fail the same way: one line, not one per rank."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"premise": "a", "hypothesis": "b", "label": "maybe"}\n' * 4)
+    args = tiny_args(tiny_model_dir, {**nli_files, "train": bad}, tmp_path / "out")
+    done = run_cli([*TORCHRUN, "--master_port", str(free_port()), "finetune/mnli.py", *args], timeout=240)
+    assert done.returncode != 0
+    said = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(said) == 1 and "label value(s) 'maybe'" in said[0], done.stderr[-3000:]

@@ -54,3 +54,38 @@ def test_an_export_stopped_before_results_json_is_protected_from_another_run(
     assert "best_model" in last and "train_config.json" in last and "--overwrite_output_dir" in last
     assert cli(args) == 0  # this run's own unfinished folder
     assert (out / "results.json").exists()
+
+
+def test_sigterm_while_exporting_is_one_line_and_the_relaunch_finishes_the_export(
+    tiny_model_dir, nli_files, tmp_path, capsys, monkeypatch
+):
+    """Issue 32, case 2: a stop signal after training (exporting the model) is the stop line and exit
+    143, not a silent death; --resume_from_checkpoint auto then finishes the run."""
+    import os
+    import signal
+
+    import finetune.run
+
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "4", "--checkpointing_steps", "2")
+    export = finetune.run.export_model
+
+    def sigterm_then_export(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler raises at the next line: nothing is exported
+        return export(*a, **k)
+
+    monkeypatch.setattr(finetune.run, "export_model", sigterm_then_export)
+    capsys.readouterr()
+    assert cli(args) == 143
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("error: stopped by SIGTERM; the run did not finish (no results.json)")
+    )
+    assert (out / "checkpoint-4").is_dir() and (out / "best_model").is_dir()
+    assert not (out / "results.json").exists() and not (out / "model.safetensors").exists()
+    monkeypatch.undo()
+    reset_accelerate()
+    assert cli([*args, "--resume_from_checkpoint", "auto"]) == 0
+    assert (out / "results.json").exists() and (out / "model.safetensors").exists()

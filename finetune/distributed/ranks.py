@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
+import tempfile
+from pathlib import Path
 
 import torch
 from accelerate.utils import gather_object
@@ -15,6 +18,22 @@ from finetune.errors import ConfigError
 def launcher_rank() -> int:
     """This process's global rank as the launcher set it (0 without one), before the Accelerator exists."""
     return int(os.environ.get("RANK", "0"))
+
+
+def say_once(line: str) -> None:
+    """`line` on stderr once per launch and host: every rank that fails the same way would print the
+    same line; the first to get here prints it (a marker file named by the launch and the line). One
+    process: always. No collective, so a rank may call it alone."""
+    if launcher_world_size() > 1:
+        launch = f"{os.environ.get('TORCHELASTIC_RUN_ID')} {os.environ.get('MASTER_PORT')} {os.getppid()}"
+        digest = hashlib.sha256(f"{launch}\n{line}".encode()).hexdigest()[:16]
+        try:
+            (Path(tempfile.gettempdir()) / f"finetune-said-{digest}").touch(exist_ok=False)
+        except FileExistsError:
+            return  # another rank of this launch said it
+        except OSError:
+            pass  # no marker: better twice than never
+    print(line, file=sys.stderr, flush=True)
 
 
 def launcher_world_size() -> int:
