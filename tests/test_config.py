@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -373,3 +374,24 @@ def test_yaml_no_is_the_word_no_and_keys_are_given_once(tmp_path):
     with pytest.raises(ConfigError) as refused:
         parse_config(["--config", str(written)])
     assert refused.value.flag == "--config" and "give that file with --config" in refused.value.fix
+
+
+def test_evaluating_a_trained_model_takes_its_task_flags_from_its_record(tmp_path, capsys):
+    """--do_train false on a custom task's model: --task_name, --text_columns and --label_column come
+    from its train_config.json (also for its best_model/); a flag given wins."""
+    model = tmp_path / "run"
+    (model / "best_model").mkdir(parents=True)
+    task = {"task_name": "custom", "text_columns": "review", "label_column": "verdict"}
+    (model / "train_config.json").write_text(json.dumps({"args": {**task, "learning_rate": 1.0}}))
+    for folder in (model, model / "best_model"):
+        argv = ["--do_train", "false", "--model_name_or_path", str(folder), "--validation_file", "dev.csv"]
+        config = parse_config(argv)
+        assert (config.task_name, config.text_columns, config.label_column) == ("custom", "review", "verdict")
+        assert config.learning_rate == 2e-5  # only the task flags
+        assert "--do_train false: --task_name custom --text_columns review --label_column verdict" in (
+            capsys.readouterr().out
+        )
+    given = parse_config([*argv, "--label_column", "stars"])
+    assert (given.task_name, given.label_column) == ("custom", "stars")
+    assert parse_config(["--model_name_or_path", str(model), "--train_file", "t.csv", "--validation_file",
+                         "v.csv"]).task_name == "mnli"  # training: the flags as given  # fmt: skip

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import re
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
 from finetune.config.train_config import TrainConfig, default_of, flag_help
+from finetune.distributed.ranks import launcher_rank
 from finetune.errors import ConfigError
 
 
@@ -94,6 +96,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     # No abbreviations: `--learning_r` silently meaning `--learning_rate` hides typos.
     parser = _Parser(TrainConfig, allow_abbrev=False)
     known, _ = parser.parse_known_args(argv)
+    from_file = {}
     if known.config:
         from_file = _read_yaml(known.config)
         _check_yaml_types(parser, from_file, known.config)
@@ -102,6 +105,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     if unknown:
         raise _unknown(unknown)
     values = {f.name: getattr(namespace, f.name) for f in dataclasses.fields(TrainConfig)}
+    named = {a.lstrip("-").split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
+    values.update(_as_the_model_was_trained(values, named | set(from_file)))
     try:
         config = TrainConfig(**values)
     except ConfigError as error:
@@ -116,6 +121,30 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     }
     object.__setattr__(config, "user_flags", given)  # the frozen dataclass's one record beside its fields
     return config
+
+
+TASK_FLAGS = ("task_name", "text_columns", "label_column")
+
+
+def _as_the_model_was_trained(values: dict, named: set[str]) -> dict:
+    """--do_train false on a model this toolkit trained: the task flags left out (--task_name,
+    --text_columns, --label_column) as its folder's train_config.json records them, so evaluating a
+    custom task's model needs only its files. A flag given wins; rank 0 says what was taken."""
+    folder = Path(values["model_name_or_path"])
+    if values["do_train"] or named.issuperset(TASK_FLAGS) or not folder.is_dir():
+        return {}
+    for record in (folder / "train_config.json", folder.parent / "train_config.json"):  # best_model/ too
+        try:
+            recorded = json.loads(record.read_text())
+            trained = recorded.get("args") or recorded  # older records: the flat configuration
+        except (OSError, ValueError, AttributeError):
+            continue
+        taken = {k: trained[k] for k in TASK_FLAGS if k not in named and trained.get(k) is not None}
+        if taken and launcher_rank() == 0:
+            shown = " ".join(f"--{k} {v}" for k, v in taken.items())
+            print(f"--do_train false: {shown}, as {record} records the model's training", flush=True)
+        return taken
+    return {}
 
 
 def _read_yaml(path: str) -> dict:
