@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from finetune.checkpoint import damage
-from finetune.lock import LOCK_FILE, take_lock
+from finetune.lock import LOCK_FILE
 from finetune.mnli import cli, main, setup
+from tests.e2e.test_bad_input import fails_cleanly, with_flag
 from tests.helpers import reset_accelerate, tiny_args, weights
-from tests.test_bad_input import fails_cleanly, snapshot, with_flag
 
 STEPS = ["--max_train_steps", "4", "--checkpointing_steps", "2"]
 HOST = socket.gethostname()
@@ -264,12 +264,6 @@ def test_the_lock_of_a_run_that_is_gone_is_taken_over_then_released(
     assert not (out / LOCK_FILE).exists()
 
 
-def test_only_rank_0_takes_the_lock(tmp_path, monkeypatch):
-    monkeypatch.setenv("RANK", "1")
-    take_lock(tmp_path)
-    assert snapshot(tmp_path) == {}
-
-
 def test_a_checkpoint_folder_is_not_a_model(unbroken, nli_files, tmp_path, capsys):
     checkpoint = unbroken / "checkpoint-4"
     args = tiny_args(checkpoint, nli_files, tmp_path / "eval", "--do_train", "false")
@@ -297,13 +291,3 @@ def test_random_bytes_of_the_same_size_are_damage_not_an_unsafe_pickle(unbroken,
     file = checkpoint / "optimizer.bin"
     file.write_bytes(os.urandom(file.stat().st_size))
     assert damage(checkpoint) == "optimizer.bin is damaged (checksum differs)"
-
-
-def test_a_model_named_by_another_path_is_the_same_model(tiny_model_dir, monkeypatch):
-    from finetune.checkpoint import same_model
-
-    monkeypatch.chdir(tiny_model_dir.parent)
-    shapes = " (999 parameters, shapes 0123456789ab)"
-    assert same_model(f"{tiny_model_dir}{shapes}", f"{tiny_model_dir.name}{shapes}")
-    assert not same_model(f"{tiny_model_dir}{shapes}", f"{tiny_model_dir}{shapes.replace('0123', '9999')}")
-    assert not same_model(f"elsewhere{shapes}", f"{tiny_model_dir.name}{shapes}")
