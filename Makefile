@@ -25,7 +25,7 @@ demo: install
 train: install
 	$(BIN)/accelerate launch finetune/mnli.py --output_dir outputs/mnli $(ARGS)
 
-# Every tier: tests/unit, then tests/e2e (runs of the entry point, subprocesses, 2 ranks, MiniLM).
+# Every tier: tests/e2e (runs of the entry point, subprocesses, 2 ranks, MiniLM) and tests/unit.
 test: install
 	$(BIN)/python -m pytest
 
