@@ -27,6 +27,7 @@ from tests.helpers import (
     weights,
 )
 
+LORA_STEPS = 100  # past chance (0.48 on a Zen 5 VM); the full run's 200 would double its cost
 LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8"]
 
 
@@ -255,24 +256,24 @@ def test_lora_under_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, t
 @pytest.mark.slow
 @pytest.mark.skipif(not SHARED_MNLI.is_dir(), reason="needs ../shared/data/mnli beside the checkout")
 def test_minilm_lora_learns_mnli_with_a_fraction_of_the_parameters(minilm_full, tmp_path, capsys):
-    """Pretrained MiniLM on real MNLI rows, LoRA against full fine-tuning (the session's `minilm_full`
-    run) at equal steps and batch, each at its usual learning rate; LoRA evaluated on the first 1,000
-    of the rows full fine-tuning was. Prints the figures (docs/benchmarks.md quotes them); asserts only
-    what must hold: LoRA learns past chance with under 1/10 of the parameters trainable."""
+    """Pretrained MiniLM on real MNLI rows, LoRA (100 steps x 32 at its usual learning rate, evaluated
+    on 1,000 rows) beside full fine-tuning (the session's `minilm_full` run: 200 steps, every row).
+    Prints the figures (docs/benchmarks.md quotes them); asserts only what must hold: LoRA learns past
+    chance with under 1/10 of the parameters trainable."""
     full = minilm_full[1]
     # TRL's r 16, alpha 32, all-linear
     lora_flags = ["--learning_rate", "1e-3", "--use_peft", "--max_eval_samples", "1000"]
     with every_core():
-        lora = main(minilm_args(tmp_path / "lora", *lora_flags))
+        lora = main(minilm_args(tmp_path / "lora", *lora_flags, "--max_train_steps", str(LORA_STEPS)))
     with capsys.disabled():
         for name, r in (("full", full), ("lora", lora)):
             print(
-                f"\nMiniLM {name}: {MINILM_STEPS} steps x 32, accuracy {r['eval_matched_accuracy']:.4f} "
+                f"\nMiniLM {name}: {r['global_step']} steps x 32, accuracy {r['eval_matched_accuracy']:.4f} "
                 f"on {r['eval_matched_samples']} rows,"
                 f" {r['train_samples_per_second']:.1f} samples/s, trainable {r['trainable_parameters']:,} of"
                 f" {r['total_parameters']:,}, mixed_precision {r['mixed_precision']}"
             )
-    assert lora["global_step"] == full["global_step"] == MINILM_STEPS
+    assert lora["global_step"] == LORA_STEPS and full["global_step"] == MINILM_STEPS
     assert lora["eval_matched_accuracy"] > 0.4, lora  # chance is ~0.35 (the largest class)
     assert lora["trainable_parameters"] < full["trainable_parameters"] / 10
     assert full["trainable_parameters"] == full["total_parameters"]
