@@ -25,12 +25,13 @@ demo: install
 train: install
 	$(BIN)/accelerate launch -m finetune --output_dir outputs/mnli $(ARGS)
 
+# Every tier: tests/e2e (runs of the entry point, subprocesses, 2 ranks, MiniLM) and tests/unit.
 test: install
 	$(BIN)/python -m pytest
 
-# The in-process tests only (no subprocess, no 2-rank runs, no real MiniLM): the edit-test loop.
+# tests/unit only: in process, no run of main()/cli(), no subprocess, no second rank: the edit-test loop.
 test-quick: install
-	$(BIN)/python -m pytest -m "not slow and not multiprocess and not subprocess"
+	$(BIN)/python -m pytest tests/unit
 
 # docs/flags.md from TrainConfig (a test fails when it is out of date).
 flags: install

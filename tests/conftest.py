@@ -16,6 +16,11 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 # torch is imported; subprocesses inherit it, so in-process and subprocess runs stay bitwise equal.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.pop("WANDB_MODE", None)
+# Subprocesses (the entry point, probes, launchers' ranks) import this checkout's finetune, not the one
+# an editable install in a shared venv points at: a script's own folder, not the repository, starts
+# its sys.path.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH")) if p)
 
 from pathlib import Path  # noqa: E402
 

@@ -13,7 +13,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MNLI = REPO.parent / "shared" / "data" / "mnli"
+# ../shared/data/mnli beside the checkout, or beside a folder of worktrees (../../shared).
+SHARED_MNLI = next(
+    (d / "shared" / "data" / "mnli" for d in REPO.parents if (d / "shared" / "data" / "mnli").is_dir()),
+    REPO.parent / "shared" / "data" / "mnli",
+)
 N_TRAIN, N_VALIDATION = 600, 151  # 151: no batch size or world size used here divides it
 
 

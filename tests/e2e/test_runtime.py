@@ -2,7 +2,7 @@ import sys
 
 import pytest
 
-from finetune.speed.malloc import is_glibc, resolve_keep_freed_memory
+from finetune.speed.malloc import is_glibc
 from tests.helpers import run_cli, tiny_args
 
 GLIBC = is_glibc()
@@ -21,12 +21,3 @@ def test_cpu_run_reuses_freed_memory_without_page_faults(keep, tiny_model_dir, n
         assert faults < PAGES_IN_64_MB // 10
     else:  # glibc maps the block afresh and the kernel faults in every page
         assert faults > PAGES_IN_64_MB // 2
-
-
-def test_keep_freed_memory_auto_follows_the_training_precision():
-    # Measured faster per step where the CPU trains in bf16, slower in fp32; GPUs have no use for it.
-    assert resolve_keep_freed_memory("auto", "cpu", "bf16") == "true"
-    assert resolve_keep_freed_memory("auto", "cpu", "no") == "false"
-    assert resolve_keep_freed_memory("auto", "cuda", "bf16") == "false"
-    assert resolve_keep_freed_memory("true", "cpu", "no") == "true"
-    assert resolve_keep_freed_memory("false", "cpu", "bf16") == "false"

@@ -1,8 +1,6 @@
 import dataclasses
 import json
 import re
-import subprocess
-import sys
 import typing
 
 import pytest
@@ -228,21 +226,6 @@ def test_padding_free_auto_is_off_on_cpus_with_amx(monkeypatch):
     assert padding_free.resolve_padding_free(TrainConfig(padding_free="true"), bert, "cpu") == "true"
     monkeypatch.setattr(padding_free, "cpu_has_amx", lambda: False)
     assert padding_free.resolve_padding_free(TrainConfig(), bert, "cpu") == "true"
-
-
-@pytest.mark.subprocess
-def test_importing_the_package_registers_nothing_with_transformers():
-    """Attention and mask functions are registered by use_*, not by importing a module."""
-    code = (
-        "import transformers, finetune.mnli, finetune.speed.padding_free, finetune.speed.packed_dropout\n"
-        "from transformers import AttentionInterface\n"
-        "from transformers.masking_utils import AttentionMaskInterface\n"
-        "names = [*AttentionInterface._global_mapping, *AttentionMaskInterface._global_mapping]\n"
-        "print(sorted(n for n in names if n.startswith('finetune')))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[]"
 
 
 def _optional_bool_flags() -> list[str]:

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from finetune.data.tasks import GLUE_TASKS
-from finetune.errors import ConfigError
 from finetune.mnli import main
 from tests.helpers import N_VALIDATION, PYTHON, free_port, read_jsonl, reset_accelerate, run_cli, tiny_args
 from tests.task_data import write_task_files
@@ -63,24 +62,6 @@ def test_each_task_shape_trains_and_reports_the_glue_metrics(
     assert (
         json.loads((out / "train_config.json").read_text())["metric_for_best_model"] == task.metric_keys()[0]
     )
-
-
-def test_the_other_glue_tasks_load_with_their_columns(tmp_path):
-    """qnli, rte, wnli and mnli: their own column names and label names, read from local files."""
-    from finetune.config.train_config import TrainConfig
-    from finetune.data.splits import load_splits
-
-    for name in ("qnli", "rte", "wnli", "mnli"):
-        task = GLUE_TASKS[name]
-        rows = [{task.text_columns[0]: "a b", task.text_columns[1]: "c", "label": task.label_names[-1]}] * 3
-        path = tmp_path / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        loaded, splits = load_splits(
-            TrainConfig(task_name=name, train_file=str(path), validation_file=str(path))
-        )
-        assert loaded == task
-        assert splits["train"]["label"] == [len(task.label_names) - 1] * 3
-        assert set(splits) == {"train", *task.validation_splits[:1]}
 
 
 def test_custom_columns_and_inferred_labels(tiny_encoder_dir, tmp_path, capsys):
@@ -200,7 +181,8 @@ def test_predict_with_two_processes_returns_every_row_once_in_input_order(traine
 
 @pytest.mark.parametrize(
     ("report_to", "wandb", "tensorboard"),
-    [("none", False, False), ("wandb", True, False), ("tensorboard", False, True), ("all", True, True)],
+    # tensorboard alone: test_tensorboard_tracker_writes_events, which reads back what was logged.
+    [("none", False, False), ("wandb", True, False), ("all", True, True)],
 )
 def test_tracker_selection(tiny_model_dir, nli_files, tmp_path, report_to, wandb, tensorboard):
     out = tmp_path / "out"
@@ -208,28 +190,6 @@ def test_tracker_selection(tiny_model_dir, nli_files, tmp_path, report_to, wandb
     main([*args[: args.index("--report_to")], "--report_to", report_to])
     assert bool(list(out.glob("wandb/offline-run-*/run-*.wandb"))) == wandb
     assert bool(list(out.rglob("events.out.tfevents.*"))) == tensorboard
-
-
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--task_name", "sst3"], "--task_name: invalid choice: .sst3. \\(choose from .cola., .sst2."),
-        (["--task_name", "custom"], "--task_name custom needs --text_columns"),
-        (["--task_name", "sst2", "--validation_mismatched_file", "x.jsonl"], "for MNLI only"),
-        (["--text_columns", "a,b,c"], "--text_columns takes 1 or 2"),
-        (["--push_to_hub"], "--push_to_hub needs the Hub; HF_HUB_OFFLINE is set"),
-        (["--do_train", "false", "--train_file", "t.jsonl"], "--do_train false: give --validation_file"),
-        (
-            ["--do_predict", "--train_file", "t.jsonl", "--validation_file", "v.jsonl"],
-            "--do_predict .* --test_file",
-        ),
-    ],
-)
-def test_task_flag_mistakes(flags, message):
-    from finetune.config.parser import parse_config
-
-    with pytest.raises(ConfigError, match=message):
-        parse_config(flags)
 
 
 def test_model_card_command_is_what_the_user_gave(trained, tiny_model_dir, nli_files):

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from finetune.mnli import cli, main
-from finetune.output.lock import LOCK_FILE, take_lock
+from finetune.output.lock import LOCK_FILE
 from finetune.run import setup
 from finetune.training.checkpoint import damage
+from tests.e2e.test_bad_input import fails_cleanly, with_flag
 from tests.helpers import reset_accelerate, tiny_args, weights
-from tests.test_bad_input import fails_cleanly, snapshot, with_flag
 
 STEPS = ["--max_train_steps", "4", "--checkpointing_steps", "2"]
 HOST = socket.gethostname()
@@ -263,12 +263,6 @@ def test_the_lock_of_a_run_that_is_gone_is_taken_over_then_released(
     )
     assert held["pid"] == os.getpid() and held["host"] == HOST
     assert not (out / LOCK_FILE).exists()
-
-
-def test_only_rank_0_takes_the_lock(tmp_path, monkeypatch):
-    monkeypatch.setenv("RANK", "1")
-    take_lock(tmp_path)
-    assert snapshot(tmp_path) == {}
 
 
 def test_a_checkpoint_folder_is_not_a_model(unbroken, nli_files, tmp_path, capsys):

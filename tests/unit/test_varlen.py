@@ -9,9 +9,7 @@ import torch
 from transformers import AutoTokenizer, RobertaConfig, RobertaForSequenceClassification
 
 from finetune.data.batching import PadCollator, VarlenCollator
-from finetune.mnli import main
 from finetune.speed.attention import use_varlen_attention, varlen_position_offset
-from tests.helpers import tiny_args
 
 
 def pairs(tokenizer):
@@ -64,17 +62,3 @@ def test_varlen_logits_and_gradients_equal_the_padded_models(architecture, tiny_
     assert grads.keys() == expected_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
-
-
-def test_varlen_training_runs_end_to_end(tiny_model_dir, nli_files, tmp_path):
-    """A whole run (training, evaluation on the same packed path, export) with --padding_free varlen
-    on CPU: every step taken, every evaluation row counted once; the export loads without this package."""
-    varlen = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "varlen", "--padding_free", "varlen",
-                            "--pad_to_multiple_of", "16"))  # fmt: skip
-    assert varlen["global_step"] == 38
-    assert varlen["eval_matched_samples"] == 151
-    assert 0.0 <= varlen["eval_matched_accuracy"] <= 1.0
-    from transformers import AutoModelForSequenceClassification
-
-    exported = AutoModelForSequenceClassification.from_pretrained(tmp_path / "varlen")  # plain transformers
-    assert not exported.config._attn_implementation.startswith("finetune")

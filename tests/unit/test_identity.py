@@ -1,11 +1,10 @@
-"""What makes two launches the same run (finetune/identity.py): every flag is in it or left out with a
-reason; resume and the finished-run check compare it; the flags as given are never changed."""
+"""What makes two launches the same run (finetune/config/identity.py): every flag is in it or left out
+with a reason; resume and the finished-run check compare it. Real runs: tests/e2e/test_identity.py."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 
 import pytest
@@ -21,9 +20,8 @@ from finetune.config.identity import (
 from finetune.config.parser import parse_config
 from finetune.config.train_config import TrainConfig
 from finetune.errors import ConfigError
-from finetune.mnli import cli, main
 from finetune.output.prerun import finished_run
-from tests.helpers import reset_accelerate, tiny_args
+from tests.helpers import tiny_args
 
 
 def with_flag(args: list[str], flag: str, value: str) -> list[str]:
@@ -132,47 +130,3 @@ def test_a_finished_run_is_found_only_by_its_own_identity(tiny_model_dir, nli_fi
     for other in (["--label_separator", ";"], ["--class_weights", "balanced"], ["--seed", "1"]):
         config = parse_config([*args, *other])
         assert finished_run(config, run_identity(config, 1)) is None
-
-
-def test_flags_are_never_changed_by_the_run(tiny_model_dir, nli_files, tmp_path):
-    """What the user asked stays as parsed; train_config.json records it beside what the run resolved."""
-    args = parse_config(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--max_train_steps", "2"))
-    asked = dataclasses.asdict(args)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        args.learning_rate = 1.0
-    from finetune.run import run_config
-
-    run_config(args)
-    assert dataclasses.asdict(args) == asked
-    record = json.loads((tmp_path / "out" / "train_config.json").read_text())
-    assert record["args"] == json.loads(json.dumps(asked))
-    assert record["args"]["metric_for_best_model"] is None and record["args"]["dropout_kernel"] == "auto"
-    assert (
-        record["resolved"]["metric_for_best_model"]
-        == record["metric_for_best_model"]
-        == ("eval_matched_accuracy")
-    )
-    assert record["resolved"]["dropout_kernel"] == record["dropout_kernel"] == "packed"  # auto, on CPU
-    assert record["identity"] == json.loads(json.dumps(run_identity(args, 1)))
-
-
-def test_a_finished_lora_run_relaunched_with_other_targets_is_refused(
-    tiny_model_dir, nli_files, tmp_path, capsys
-):
-    """Issue 31's case: it was taken as the same run, returned the old results and trained nothing."""
-    out = tmp_path / "out"
-    args = tiny_args(tiny_model_dir, nli_files, out, "--use_peft", "--max_train_steps", "4")
-    args += ["--checkpointing_steps", "2", "--eval_strategy", "no"]
-    main(args)
-    reset_accelerate()
-    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
-    relaunched = [*args, "--resume_from_checkpoint", "auto"]
-    assert cli([*relaunched, "--lora_target_modules", "query", "value"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--lora_target_modules all-linear; this run has --lora_target_modules query value" in err
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
-    # The same flags again: the finished run, unchanged (exit 0).
-    assert cli(relaunched) == 0
-    assert "nothing to resume" in capsys.readouterr().out
-    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
-    assert os.path.isdir(out / "checkpoint-4")

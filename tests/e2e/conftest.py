@@ -1,0 +1,56 @@
+"""Fixtures of the e2e tier only: finished runs that several tests read, made once per session."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+
+from tests.helpers import SHARED_MNLI, minilm_dir, reset_accelerate
+
+MINILM_STEPS = 200  # x 32 pairs: MiniLM well past chance (0.59 on a Zen 5 VM; 0.51 after 100 steps)
+
+
+@contextlib.contextmanager
+def every_core():
+    """A real model's step gains from every core (tests otherwise run one thread: conftest.py)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def minilm_args(output_dir, *extra: str) -> list[str]:
+    """Pretrained MiniLM on the shared real MNLI rows: MINILM_STEPS steps x 32, every matched row
+    evaluated, a training line every 50 steps."""
+    return [
+        "--model_name_or_path", str(minilm_dir()),
+        "--train_file", str(SHARED_MNLI / "train.jsonl"),
+        "--validation_file", str(SHARED_MNLI / "validation_matched.jsonl"),
+        "--output_dir", str(output_dir),
+        "--max_train_steps", str(MINILM_STEPS),
+        "--per_device_train_batch_size", "32",
+        "--logging_steps", "50",
+        "--report_to", "none",
+        *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def minilm_full(tmp_path_factory):
+    """One full fine-tuning of MiniLM (`minilm_args`, learning rate 1e-4): (output_dir, results).
+    Read by test_minilm_mnli and, as the baseline LoRA is measured against, by test_lora."""
+    if not SHARED_MNLI.is_dir():
+        pytest.skip("needs ../shared/data/mnli beside the checkout")
+    from finetune.mnli import main
+
+    out = tmp_path_factory.mktemp("minilm") / "full"
+    with every_core():
+        results = main(minilm_args(out, "--learning_rate", "1e-4"))
+    reset_accelerate()
+    return out, results

@@ -1,0 +1,27 @@
+"""The unit tier (`make test-quick`): in process, seconds each. No run of the program (`main`, `cli`,
+or the `trained` fixture's finished run), no subprocess, no second rank: those tests live in
+tests/e2e. The fixture below fails a test here that breaks the promise, naming where it belongs."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+import finetune.cli
+
+WRONG_TIER = "tests/unit runs no program end to end and starts no process: move this test to tests/e2e"
+
+
+@pytest.fixture(autouse=True)
+def in_process_only(request, monkeypatch):
+    assert "trained" not in request.fixturenames, WRONG_TIER
+    assert not {m.name for m in request.node.iter_markers()} & {"slow", "multiprocess", "subprocess"}, (
+        WRONG_TIER
+    )
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(WRONG_TIER)
+
+    monkeypatch.setattr(finetune.cli, "run_config", refuse)  # what main() and cli() run
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)  # subprocess.run, check_output, launchers
