@@ -119,12 +119,15 @@ def refuse_other_run(saved: dict | None, now: dict, checkpoint: Path) -> None:
     if "world_size" in differ:
         raise ConfigError(
             f"--resume_from_checkpoint {checkpoint}: saved with {saved['world_size']} processes, this run "
-            f"has {now['world_size']}; exact resume needs the same number"
+            f"has {now['world_size']}; exact resume needs the same number",
+            fix=f"launch {saved['world_size']} processes",
         )
     if "model" in differ:
         raise ConfigError(
             f"--resume_from_checkpoint {checkpoint} was saved from a different model: {saved['model']}; this "
-            f"run reads {now['model']}"
+            f"run reads {now['model']}; resume with that model, or start a new run",
+            flag="--model_name_or_path",
+            fix="resume with that model, or start a new run",
         )
     if differ:
         then, this = (", ".join(_named(key, values[key]) for key in differ) for values in (saved, now))

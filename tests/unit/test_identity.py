@@ -110,9 +110,14 @@ def test_the_refusal_names_the_flags_and_the_fix(tiny_model_dir, nli_files, tmp_
     with pytest.raises(ConfigError) as refused:
         refuse_other_run(saved, identity_of([*args, "--use_peft", "false"]), tmp_path / "checkpoint-4")
     assert "with --use_peft true; this run has --use_peft false" in str(refused.value)
-    assert "--overwrite_output_dir" in str(refused.value)
-    with pytest.raises(ConfigError, match="saved with 1 processes, this run has 2"):
+    assert refused.value.flag == "--resume_from_checkpoint" and "--overwrite_output_dir" in refused.value.fix
+    with pytest.raises(ConfigError, match="saved with 1 processes, this run has 2") as refused:
         refuse_other_run(saved, identity_of(args, world_size=2), tmp_path / "checkpoint-4")
+    assert refused.value.fix == "launch 1 processes"
+    other = {**saved, "model": "elsewhere (files 0123456789ab)"}
+    with pytest.raises(ConfigError, match="was saved from a different model: elsewhere") as refused:
+        refuse_other_run(other, saved, tmp_path / "checkpoint-4")
+    assert refused.value.flag == "--model_name_or_path"
     with pytest.raises(ConfigError, match="older finetune"):
         refuse_other_run(None, saved, tmp_path / "checkpoint-4")
 
