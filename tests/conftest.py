@@ -74,3 +74,20 @@ def trained(tiny_model_dir, nli_files, tmp_path_factory):
 def fresh_accelerate_state():
     yield
     reset_accelerate()
+
+
+@pytest.fixture(scope="module")
+def half_precision_bert(tmp_path_factory):
+    """dtype -> a tiny BERT folder saved in that dtype (its config.json says so)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from tests.backbones import build_tiny
+
+    folders = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        folder = tmp_path_factory.mktemp(str(dtype)[6:])
+        build_tiny("bert", folder)
+        AutoModelForSequenceClassification.from_pretrained(folder).to(dtype).save_pretrained(folder)
+        folders[dtype] = folder
+    return folders

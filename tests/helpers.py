@@ -98,6 +98,11 @@ def kill_tree(pid: int) -> None:
             os.kill(member, signal.SIGKILL)
 
 
+def snapshot(folder: Path) -> dict:
+    """Every file below `folder` and its bytes: equal snapshots, an untouched folder."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 

@@ -88,3 +88,13 @@ def write_task_files(
         files[split] = folder / f"{shape}_{split}.jsonl"
         files[split].write_text("".join(json.dumps(r) + "\n" for r in rows))
     return files
+
+
+def unbalanced_topics(rng, n):
+    """A sentence naming one of three topics; 'sports' is 4 times as common as the others."""
+    words = {"sports": ["football", "tennis"], "politics": ["election", "vote"], "weather": ["rain", "snow"]}
+    rows = []
+    for _ in range(n):
+        label = rng.choice(["sports"] * 4 + ["politics", "weather"])
+        rows.append({"text": f"news about {rng.choice(words[label])} today", "topic": label})
+    return rows

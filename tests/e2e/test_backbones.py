@@ -147,18 +147,6 @@ def test_bfloat16_weights_train_and_export_in_bfloat16(tmp_path, small_nli, caps
     assert exported.dtype == torch.bfloat16
 
 
-@pytest.fixture(scope="module")
-def half_precision_bert(tmp_path_factory):
-    """dtype -> a tiny BERT folder saved in that dtype (its config.json says so)."""
-    folders = {}
-    for dtype in (torch.bfloat16, torch.float16):
-        folder = tmp_path_factory.mktemp(str(dtype)[6:])
-        build_tiny("bert", folder)
-        AutoModelForSequenceClassification.from_pretrained(folder).to(dtype).save_pretrained(folder)
-        folders[dtype] = folder
-    return folders
-
-
 def test_auto_dtype_refuses_to_train_float16_weights(half_precision_bert, small_nli, tmp_path, capsys):
     folder = half_precision_bert[torch.float16]
     argv = tiny_args(folder, small_nli, tmp_path / "out", "--torch_dtype", "auto")

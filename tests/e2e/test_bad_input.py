@@ -19,7 +19,7 @@ from finetune.errors import ConfigError
 from finetune.mnli import cli, main
 from finetune.output.prerun import finished_run
 from finetune.run import setup
-from tests.helpers import PYTHON, REPO, run_cli, tiny_args, with_fault
+from tests.helpers import PYTHON, REPO, run_cli, snapshot, tiny_args, with_fault
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
 
@@ -30,10 +30,6 @@ def finished(tiny_model_dir, nli_files, tmp_path_factory):
     out = tmp_path_factory.mktemp("finished") / "out"
     main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "10", "--checkpointing_steps", "5"))
     return out
-
-
-def snapshot(folder):
-    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def fails_cleanly(argv, finished, expected: str, capsys, build=None, exit_code: int | None = None) -> str:

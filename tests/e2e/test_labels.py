@@ -11,6 +11,7 @@ import torch
 
 from finetune.mnli import cli, main
 from tests.helpers import read_jsonl, reset_accelerate, tiny_args, weights
+from tests.task_data import unbalanced_topics
 
 MNLI_ORDER = ("entailment", "neutral", "contradiction")
 ROBERTA_MNLI_ORDER = ("contradiction", "neutral", "entailment")  # roberta-large-mnli's head
@@ -100,20 +101,10 @@ def test_a_classifier_and_a_regression_model_swap_heads_only_when_asked(trained,
     assert "eval_matched_accuracy" in results
 
 
-def _unbalanced_rows(rng, n):
-    """A sentence naming one of three topics; 'sports' is 4 times as common as the others."""
-    words = {"sports": ["football", "tennis"], "politics": ["election", "vote"], "weather": ["rain", "snow"]}
-    rows = []
-    for _ in range(n):
-        label = rng.choice(["sports"] * 4 + ["politics", "weather"])
-        rows.append({"text": f"news about {rng.choice(words[label])} today", "topic": label})
-    return rows
-
-
 def test_custom_classification_metrics_class_weights_and_a_carved_validation_split(tiny_model_dir, tmp_path):
     rng = random.Random(0)
     train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(rng, 300)))
+    train.write_text("".join(json.dumps(r) + "\n" for r in unbalanced_topics(rng, 300)))
     out = tmp_path / "out"
     flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "topic"]
     flags += ["--validation_split_percentage", "20", "--class_weights", "balanced"]
@@ -154,7 +145,7 @@ def test_custom_classification_metrics_class_weights_and_a_carved_validation_spl
 )
 def test_label_flag_mistakes(tiny_model_dir, tmp_path, capsys, flags, message):
     train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(random.Random(2), 40)))
+    train.write_text("".join(json.dumps(r) + "\n" for r in unbalanced_topics(random.Random(2), 40)))
     args = ["--model_name_or_path", str(tiny_model_dir), "--train_file", str(train), "--task_name", "custom",
             "--text_columns", "text", "--label_column", "topic", "--output_dir", str(tmp_path / "out"),
             "--report_to", "none"]  # fmt: skip
@@ -167,7 +158,7 @@ def test_label_flag_mistakes(tiny_model_dir, tmp_path, capsys, flags, message):
 
 def test_a_checkpoint_resumes_only_with_the_same_class_weights(tiny_model_dir, tmp_path, capsys):
     train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(random.Random(3), 64)))
+    train.write_text("".join(json.dumps(r) + "\n" for r in unbalanced_topics(random.Random(3), 64)))
     flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "topic"]
     flags += ["--max_train_steps", "2", "--checkpointing_steps", "2"]
     first = tmp_path / "first"
@@ -186,7 +177,7 @@ def test_class_weights_are_read_in_the_task_lines_order_and_recorded_beside_thei
 ):
     rng = random.Random(0)
     train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(rng, 60)))
+    train.write_text("".join(json.dumps(r) + "\n" for r in unbalanced_topics(rng, 60)))
     out = tmp_path / "out"
     flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "topic"]
     flags += ["--class_weights", "1,50,1", "--max_train_steps", "2", "--eval_strategy", "no"]

@@ -6,11 +6,7 @@ from __future__ import annotations
 import shutil
 
 from finetune.mnli import cli
-from tests.helpers import reset_accelerate, tiny_args
-
-
-def snapshot(folder):
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+from tests.helpers import reset_accelerate, snapshot, tiny_args
 
 
 def refused(capsys, argv, folder) -> str:

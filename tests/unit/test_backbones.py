@@ -12,22 +12,9 @@ from transformers import (
 
 from finetune.config.train_config import TrainConfig
 from finetune.model.options import loading_options, refuse_checkpoint_dtype
-from tests.backbones import build_tiny
 from tests.helpers import SHARED_MNLI
 
 pytestmark = pytest.mark.skipif(not SHARED_MNLI.is_dir(), reason="the decoders' BPE trains on shared MNLI")
-
-
-@pytest.fixture(scope="module")
-def half_precision_bert(tmp_path_factory):
-    """dtype -> a tiny BERT folder saved in that dtype (its config.json says so)."""
-    folders = {}
-    for dtype in (torch.bfloat16, torch.float16):
-        folder = tmp_path_factory.mktemp(str(dtype)[6:])
-        build_tiny("bert", folder)
-        AutoModelForSequenceClassification.from_pretrained(folder).to(dtype).save_pretrained(folder)
-        folders[dtype] = folder
-    return folders
 
 
 def test_bfloat16_weights_are_refused_where_the_device_has_no_bf16():

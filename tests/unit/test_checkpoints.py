@@ -4,7 +4,7 @@ tests/unit/test_identity.py).
 Resumes and refusals of real runs: tests/e2e/test_checkpoints.py."""
 
 from finetune.output.lock import take_lock
-from tests.e2e.test_bad_input import snapshot
+from tests.helpers import snapshot
 
 
 def test_only_rank_0_takes_the_lock(tmp_path, monkeypatch):

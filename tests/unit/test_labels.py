@@ -11,17 +11,9 @@ import random
 import pytest
 import torch
 
+from tests.task_data import unbalanced_topics
+
 ROBERTA_MNLI_ORDER = ("contradiction", "neutral", "entailment")  # roberta-large-mnli's head
-
-
-def _unbalanced_rows(rng, n):
-    """A sentence naming one of three topics; 'sports' is 4 times as common as the others."""
-    words = {"sports": ["football", "tennis"], "politics": ["election", "vote"], "weather": ["rain", "snow"]}
-    rows = []
-    for _ in range(n):
-        label = rng.choice(["sports"] * 4 + ["politics", "weather"])
-        rows.append({"text": f"news about {rng.choice(words[label])} today", "topic": label})
-    return rows
 
 
 def _custom_file(folder, name, cells):
@@ -52,7 +44,7 @@ def test_balanced_class_weights_weight_the_training_loss(tiny_model_dir, tmp_pat
 
     rng = random.Random(1)
     train = tmp_path / "train.jsonl"
-    rows = _unbalanced_rows(rng, 200)
+    rows = unbalanced_topics(rng, 200)
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     common = dict(task_name="custom", text_columns="text", label_column="topic", train_file=str(train))
     config = TrainConfig(**common, validation_split_percentage=10, class_weights="balanced",
@@ -83,7 +75,7 @@ def test_label_smoothing_is_hf_trainers_and_single_label_only(tiny_model_dir, tm
     from finetune.training.evaluation import loss_sum
 
     train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in _unbalanced_rows(random.Random(2), 50)))
+    train.write_text("".join(json.dumps(r) + "\n" for r in unbalanced_topics(random.Random(2), 50)))
     config = TrainConfig(task_name="custom", text_columns="text", label_column="topic", train_file=str(train),
                          validation_split_percentage=10, label_smoothing_factor=0.1,
                          model_name_or_path=str(tiny_model_dir))  # fmt: skip
