@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -19,7 +22,7 @@ from finetune.data.batching import build_dataloaders
 from finetune.data.splits import load_splits
 from finetune.data.tokenization import tokenize_splits
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
-from finetune.distributed.ranks import launcher_world_size, replicas_identical
+from finetune.distributed.ranks import launcher_rank, launcher_world_size, replicas_identical
 from finetune.distributed.signals import StopSignals
 from finetune.errors import TrainingFailed, TrainingInterrupted
 from finetune.model.build import build_model
@@ -56,8 +59,8 @@ def run_config(args: TrainConfig, build=None) -> dict:
     back, when relaunched after the end). A failed start or run gives the output folder back."""
     identity = run_identity(args, launcher_world_size())  # what makes it the same run; read once
     finished = finished_run(args, identity)
-    if finished is not None:
-        return finished  # relaunched after the end: nothing to do, nothing changed
+    if finished is not None:  # relaunched after the end: nothing trains, nothing of the run changes
+        return predict_with_finished(args, finished, build) if args.do_predict else finished
     try:
         run = (build or setup)(args, identity)
         results = execute(run)
@@ -72,6 +75,37 @@ def run_config(args: TrainConfig, build=None) -> dict:
         raise
     close(run)
     return results
+
+
+def predict_with_finished(args: TrainConfig, finished: dict, build=None) -> dict:
+    """Collective: --do_predict on a finished run (relaunched with --resume_from_checkpoint auto): its
+    exported model predicts --test_file, as an evaluate-only run in a scratch folder inside the run's;
+    rank 0 then moves predictions.jsonl beside the model and adds predict_samples to results.json."""
+    output_dir = Path(args.output_dir)
+    scratch = output_dir / ".predicting"
+    predicting = dataclasses.replace(
+        args,
+        model_name_or_path=str(output_dir),
+        output_dir=str(scratch),
+        do_train=False,
+        resume_from_checkpoint=None,
+        overwrite_output_dir=True,
+        use_peft=False,  # the root holds the merged model
+        early_stopping_patience=None,
+        validation_split_percentage=None,  # no training rows to carve from
+        report_to="none",
+        push_to_hub=False,
+    )
+    predicted = run_config(predicting, build)
+    if launcher_rank() == 0:
+        with writing("predictions.jsonl", output_dir):
+            os.replace(scratch / "predictions.jsonl", output_dir / "predictions.jsonl")
+            finished = {**finished, "predict_samples": predicted["predict_samples"]}
+            (output_dir / "results.json").write_text(json.dumps(finished, indent=2))
+        shutil.rmtree(scratch, ignore_errors=True)
+        rows = predicted["predict_samples"]
+        print(f"predictions.jsonl ({rows} rows, by the finished run's model): {output_dir.resolve()}")
+    return finished
 
 
 def setup(args: TrainConfig, identity: dict | None = None) -> Run:

@@ -117,13 +117,6 @@ def finished_run(config: TrainConfig, identity: dict) -> dict | None:
             "--overwrite_output_dir",
             flush=True,
         )
-        if config.do_predict:  # predictions are not part of the run: made with its model, elsewhere
-            print(
-                "--do_predict: no predictions written; predict with the finished model: "
-                f"--model_name_or_path {config.output_dir} --do_train false --do_predict --test_file "
-                f"{config.test_file or '...'} --output_dir <another folder>",
-                flush=True,
-            )
     return finished
 
 

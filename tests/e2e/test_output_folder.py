@@ -3,7 +3,9 @@ without results.json (stopped while exporting), the user's own README (issue 32,
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 from finetune.mnli import cli
 from tests.helpers import reset_accelerate, snapshot, tiny_args
@@ -85,3 +87,36 @@ def test_sigterm_while_exporting_is_one_line_and_the_relaunch_finishes_the_expor
     reset_accelerate()
     assert cli([*args, "--resume_from_checkpoint", "auto"]) == 0
     assert (out / "results.json").exists() and (out / "model.safetensors").exists()
+
+
+def test_a_finished_run_relaunched_with_do_predict_predicts_with_its_model(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """Issue 32: it said "nothing to resume" and wrote no predictions. Now the finished model predicts;
+    nothing of the run changes but predictions.jsonl and results.json's predict_samples."""
+    from tests.helpers import read_jsonl
+
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2", "--checkpointing_steps", "2")
+    assert cli(args) == 0
+    reset_accelerate()
+    before = snapshot(out)
+    relaunched = [
+        *args,
+        "--resume_from_checkpoint",
+        "auto",
+        "--do_predict",
+        "--test_file",
+        str(nli_files["validation"]),
+    ]
+    assert cli(relaunched) == 0
+    after = snapshot(out)
+    changed = {str(k) for k in after if before.get(k) != after[k]}
+    assert changed == {"predictions.jsonl", "results.json"}, changed
+    rows = read_jsonl(out / "predictions.jsonl")
+    results = json.loads((out / "results.json").read_text())
+    assert len(rows) == results["predict_samples"] == 151 and [r["row"] for r in rows] == list(range(151))
+    assert {k: v for k, v in results.items() if k != "predict_samples"} == json.loads(
+        before[Path("results.json")]
+    )
+    assert "nothing to resume" in capsys.readouterr().out
