@@ -38,7 +38,7 @@ from finetune.output.prerun import check_output_dir, finished_run, remove_earlie
 from finetune.output.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
 from finetune.output.writing import writing
 from finetune.speed.attention import varlen_position_offset
-from finetune.speed.compile import compile_cache_line
+from finetune.speed.compile import compile_cache_line, compile_counts
 from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
 from finetune.training.best import best_model_step, load_best_model, stopped_early
@@ -221,6 +221,7 @@ def execute(run: Run) -> dict:
     if config.do_train:
         stop = StopSignals()
         try:
+            compiled_before = compile_counts()  # torch counts per process, never reset
             runtime_s, eval_runtime_s = train(run, stop)
         except torch.OutOfMemoryError:
             raise TrainingFailed(
@@ -233,7 +234,7 @@ def execute(run: Run) -> dict:
         exported = use_best_model(run)  # collective: the evaluation of the model exported below
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
         if config.torch_compile and accelerator.is_main_process:
-            print(compile_cache_line())  # whether this run reused an earlier run's compiled code
+            print(compile_cache_line(compiled_before))  # whether this run reused earlier compiled code
         last_eval = state.last_evaluation or {}
         results = {
             **{k: v for k, v in exported.items() if k not in ("step", "epoch")},

@@ -44,11 +44,22 @@ def dynamo_plugin(config: TrainConfig, on_gpu: bool) -> TorchDynamoPlugin:
     )
 
 
-def compile_cache_line() -> str:
-    """What the compile caches served this process: one line for the run's log."""
-    inductor = torch._dynamo.utils.counters["inductor"]
-    hits, misses = inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
-    aot_hits = torch._dynamo.utils.counters["aot_autograd"]["autograd_cache_hit"]
+def compile_counts() -> tuple[int, int, int]:
+    """The compile caches' counters so far in this process (FX graph hits and misses, AOTAutograd
+    hits); torch never resets them, so a run reports the difference from its start."""
+    counters = torch._dynamo.utils.counters
+    inductor = counters["inductor"]
+    return (
+        inductor["fxgraph_cache_hit"],
+        inductor["fxgraph_cache_miss"],
+        counters["aot_autograd"]["autograd_cache_hit"],
+    )
+
+
+def compile_cache_line(since: tuple[int, int, int] = (0, 0, 0)) -> str:
+    """What the compile caches served this run (counted from `since`, `compile_counts()` at its start):
+    one line for the run's log."""
+    hits, misses, aot_hits = (now - then for now, then in zip(compile_counts(), since, strict=True))
     reused = "compile cache hit" if hits else "compile cache missed"
     return (
         f"torch.compile: {reused}: {hits} graph(s) from inductor's FX graph cache, {misses} compiled, "
