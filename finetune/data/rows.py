@@ -21,7 +21,8 @@ def refuse_rows_without_text(split: Dataset, source: str, columns: tuple[str, ..
     """A text cell that is missing or null, or a row whose every text column is empty, has nothing to
     classify: training would learn a constant, prediction would label it with confidence. (One empty
     side of a pair stays: GLUE's QQP has such rows.) Reads the columns as Arrow arrays, not rows."""
-    blank_everywhere = None
+    blank_everywhere = None  # stays None when a column holds numbers: never empty
+    numbers = False
     for column in columns:
         values = split.data.column(column)  # the rows as read: no selection or reordering yet
         if values.null_count:
@@ -31,10 +32,11 @@ def refuse_rows_without_text(split: Dataset, source: str, columns: tuple[str, ..
                 "or drop such rows"
             )
         if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
-            return  # a column of numbers is never empty, so no row is empty everywhere
+            numbers = True  # never empty, so no row is empty everywhere; nulls are still checked
+            continue
         blank = pc.equal(pc.utf8_trim_whitespace(values), "")
         blank_everywhere = blank if blank_everywhere is None else pc.and_(blank_everywhere, blank)
-    if blank_everywhere is not None and pc.any(blank_everywhere).as_py():
+    if not numbers and blank_everywhere is not None and pc.any(blank_everywhere).as_py():
         row = pc.index(blank_everywhere, True).as_py()
         shown = " and ".join(repr(c) for c in columns)
         raise ConfigError(

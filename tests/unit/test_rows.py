@@ -101,3 +101,13 @@ def test_a_folder_of_mixed_formats_is_one_whole_line(tmp_path):
     )
     detail = message.split("cannot load it (", 1)[1].rsplit("); ", 1)[0]
     assert detail.endswith(("('csv', {})}", "('json', {})}", " ...")), detail  # whole, or cut between words
+
+
+def test_a_null_after_a_column_of_numbers_is_still_found(tmp_path):
+    rows = [
+        {"id": 1, "text": "a", "label": "x"},
+        {"id": 2, "text": "b", "label": "y"},
+        {"id": 3, "label": "x"},
+    ]
+    with pytest.raises(ConfigError, match=re.escape("row 2 has no text in 'text' (missing or null)")):
+        load(write_rows(tmp_path / "t.jsonl", rows), text_columns="id,text")
