@@ -98,6 +98,16 @@ def kill_tree(pid: int) -> None:
             os.kill(member, signal.SIGKILL)
 
 
+def with_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """`args` with `flag` set to `value`: replaced where given, else added."""
+    args = list(args)
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    return args
+
+
 def snapshot(folder: Path) -> dict:
     """Every file below `folder` and its bytes: equal snapshots, an untouched folder."""
     return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

@@ -19,7 +19,7 @@ from finetune.errors import ConfigError
 from finetune.mnli import cli, main
 from finetune.output.prerun import finished_run
 from finetune.run import setup
-from tests.helpers import PYTHON, REPO, run_cli, snapshot, tiny_args, with_fault
+from tests.helpers import PYTHON, REPO, run_cli, snapshot, tiny_args, with_fault, with_flag
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
 
@@ -71,15 +71,6 @@ def fails_cleanly_in_a_process(command, finished, expected: str, env=None, launc
 def good(tiny_model_dir, nli_files, tmp_path):
     """Working flags for a fresh output folder; each case spoils one thing."""
     return tiny_args(tiny_model_dir, nli_files, tmp_path / "new")
-
-
-def with_flag(args, flag, value):
-    args = list(args)
-    if flag in args:
-        args[args.index(flag) + 1] = value
-    else:
-        args += [flag, value]
-    return args
 
 
 def write(path, text):

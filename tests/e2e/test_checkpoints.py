@@ -19,8 +19,8 @@ from finetune.mnli import cli, main
 from finetune.output.lock import LOCK_FILE
 from finetune.run import setup
 from finetune.training.checkpoint import damage
-from tests.e2e.test_bad_input import fails_cleanly, with_flag
-from tests.helpers import reset_accelerate, tiny_args, weights
+from tests.e2e.test_bad_input import fails_cleanly
+from tests.helpers import reset_accelerate, tiny_args, weights, with_flag
 
 STEPS = ["--max_train_steps", "4", "--checkpointing_steps", "2"]
 HOST = socket.gethostname()

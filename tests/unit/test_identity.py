@@ -21,15 +21,7 @@ from finetune.config.parser import parse_config
 from finetune.config.train_config import TrainConfig
 from finetune.errors import ConfigError
 from finetune.output.prerun import finished_run
-from tests.helpers import tiny_args
-
-
-def with_flag(args: list[str], flag: str, value: str) -> list[str]:
-    args = list(args)
-    if flag in args:
-        args[args.index(flag) + 1] = value
-        return args
-    return [*args, flag, value]
+from tests.helpers import tiny_args, with_flag
 
 
 def identity_of(argv: list[str], world_size: int = 1) -> dict:
