@@ -19,6 +19,10 @@ and, when asked for with --extra_runs, ablations of the toolkit:
   compiled       the toolkit with --torch_compile (compile time included, as a user pays it)
   lora           the toolkit with --use_peft (LoRA r 16 on every Linear layer, the head trained in full)
                  at --lora_learning_rate: side by side with `toolkit` (full fine-tuning) at equal steps
+  buckets        the toolkit with --pad_to_multiple_of 32 (4 batch lengths at --max_length 128)
+  graphs         buckets of 32 and --torch_compile_mode reduce-overhead (CUDA graphs; compile time included)
+  varlen         the toolkit with --padding_free varlen (packed real tokens, torch's varlen attention)
+  padded_8       the toolkit with --padding_free false --pad_to_multiple_of 8 (the CUDA default until #35)
 
 --decoder tiny (a 2-layer Llama, seconds) or --decoder qwen0.5b (Qwen2.5-0.5B's shapes, for a GPU) trains a
 decoder built from its config with random weights and MiniLM's tokenizer instead of MiniLM: its speed,
@@ -42,6 +46,7 @@ and no local paths, so it can be committed as it is (docs/results/, one file per
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -62,8 +67,12 @@ TOOLKIT_VARIANTS = {
     "compiled": ["--torch_compile"],
     "malloc_default": ["--keep_freed_memory", "false"],
     "lora": ["--use_peft"],
+    "buckets": ["--pad_to_multiple_of", "32"],
+    "graphs": ["--pad_to_multiple_of", "32", "--torch_compile_mode", "reduce-overhead"],
+    "varlen": ["--padding_free", "varlen"],
+    "padded_8": ["--padding_free", "false", "--pad_to_multiple_of", "8"],
 }
-EXTRA_RUNS = ("torch_dropout", "padded", "compiled", "malloc_default", "lora")
+EXTRA_RUNS = tuple(name for name in TOOLKIT_VARIANTS if name != "toolkit")
 DECODERS = ("tiny", "qwen0.5b")
 
 
@@ -99,6 +108,7 @@ def main() -> None:
         "--extra_runs", default="", help=f"comma-separated ablations to add: {', '.join(EXTRA_RUNS)}"
     )
     parser.add_argument("--chart", metavar="JSON", help="only redraw the chart of a bench.json, beside it")
+    parser.add_argument("--skip_prep", action="store_true", help="leave out the data-preparation runs")
     parser.add_argument("--child", choices=(*RUNS, *EXTRA_RUNS, "prep"), help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--rows_multiplier", type=int, default=1, help=argparse.SUPPRESS)
@@ -152,18 +162,25 @@ def run_benchmark(args) -> None:
     for round_index in range(args.repeats):
         for name in args.runs if round_index % 2 == 0 else args.runs[::-1]:
             result = child(name, args, seed=args.seed + round_index)
+            if "error" in result:  # said, and left out of the table: the other runs still compare
+                print(f"round {round_index + 1} {name}: failed: {result['error']}", flush=True)
+                continue
             print(
                 f"round {round_index + 1} {name}: {result['train_samples_per_second']:.1f} samples/s, "
                 f"accuracy {result['accuracy']:.4f}",
                 flush=True,
             )
             rounds[name].append(result)
+            out = Path(args.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "bench.partial.json").write_text(json.dumps(rounds, indent=2))  # kept if cut short
+    rounds = {name: results for name, results in rounds.items() if results}
     flops_per_token = 6 * _non_embedding_parameters(args)  # the same model in every run
     table = {name: summarize(results, flops_per_token / peak) for name, results in rounds.items()}
     print_table(table, args)
     print_paired_ratios(rounds)
-    prep = {k: child("prep", args, rows_multiplier=k) for k in (1, 10)}
-    print("\ndata preparation (load + tokenize, fresh cache):")
+    prep = {} if args.skip_prep else {k: child("prep", args, rows_multiplier=k) for k in (1, 10)}
+    print("\ndata preparation (load + tokenize, fresh cache):" if prep else "")
     for k, r in prep.items():
         print(f"  {k:>2}x rows ({int(r['rows']):,}): {r['prep_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
     out = Path(args.output_dir)
@@ -198,7 +215,9 @@ def child(name: str, args, rows_multiplier: int = 1, seed: int | None = None) ->
                "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
         done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if done.returncode != 0:
-            raise SystemExit(f"bench run '{name}' failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            if name == "prep":
+                raise SystemExit(f"bench run 'prep' failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            return {"error": f"exit {done.returncode}: {done.stderr[-1500:]}"}
         return json.loads(result_file.read_text())
 
 
@@ -284,6 +303,10 @@ LABELS = {
     "compiled": "finetune, torch.compile",
     "malloc_default": "finetune, glibc malloc defaults",
     "lora": "finetune, LoRA",
+    "buckets": "finetune, buckets of 32",
+    "graphs": "finetune, CUDA graphs",
+    "varlen": "finetune, varlen",
+    "padded_8": "finetune, padded to 8",
 }
 
 
@@ -612,13 +635,14 @@ def run_bare(args) -> dict:
     steps = len(loader) * args.num_train_epochs
     scheduler = get_scheduler("linear", optimizer, int(0.1 * steps), steps)
     model, optimizer, loader, eval_loader = accelerator.prepare(model, optimizer, loader, eval_loader)
-    started, tokens = time.perf_counter(), 0
+    started, tokens = time.perf_counter(), torch.zeros((), dtype=torch.int64, device=accelerator.device)
     model.train()  # from_pretrained returns the model in eval mode: no dropout
     for epoch in range(args.num_train_epochs):
         sampler.set_epoch(epoch)
         for batch in loader:
             bare_step(accelerator, model, optimizer, scheduler, batch)
-            tokens += int(batch["attention_mask"].sum())
+            tokens += batch["attention_mask"].sum()  # on the device: no wait per step
+    tokens = int(tokens)  # waits for the last step
     runtime = time.perf_counter() - started
     model.eval()
     correct, eval_started = 0, time.perf_counter()
@@ -670,12 +694,7 @@ def run_prep(args) -> dict:
 
 
 CHILDREN = {
-    "toolkit": run_toolkit,
-    "torch_dropout": lambda args: run_toolkit(args, "torch_dropout"),
-    "padded": lambda args: run_toolkit(args, "padded"),
-    "malloc_default": lambda args: run_toolkit(args, "malloc_default"),
-    "compiled": lambda args: run_toolkit(args, "compiled"),
-    "lora": lambda args: run_toolkit(args, "lora"),
+    **{name: functools.partial(run_toolkit, variant=name) for name in TOOLKIT_VARIANTS},
     "trainer": lambda args: _run_trainer(args, tuned=False),
     "trainer_tuned": lambda args: _run_trainer(args, tuned=True),
     "bare": run_bare,

@@ -133,7 +133,9 @@ def _gathered_logits(
                 model.train()
                 raise EvaluationAbandoned
             key_values = batch.pop(key)
-            logits = model(**batch).logits.float()
+            # A copy even when already fp32: under --torch_compile_mode reduce-overhead the model's output
+            # lives in a CUDA graph's pool, which the next batch's replay overwrites.
+            logits = model(**batch).logits.to(torch.float32, copy=True)
             key_values, logits = accelerator.gather_for_metrics((key_values, logits))
             keys.append(key_values)  # kept on the device: no wait per batch
             outputs.append(logits)
