@@ -1,8 +1,8 @@
 """Issue #35's CUDA-only numerics, in seconds: on fresh random batches of real MNLI pairs, BERT-base's
 shape (random weights, dropout off so both sides compute the same function),
 
-- `--padding_free varlen` (torch's varlen kernel on packed real tokens) against the padded model: the
-  logits and every parameter's gradient, in fp32 and in bf16 autocast;
+- `--padding_free varlen` (torch's varlen kernel on packed real tokens, bf16 or fp16 only) against the
+  padded model in bf16 autocast and against a float64 reference: the logits and every parameter's gradient;
 - bf16 autocast and TF32 against a float64 reference of the padded model: logits, loss and gradients.
 
 Each figure is ||x - reference|| / ||reference|| (for gradients the largest over parameters, and the norm
@@ -52,7 +52,12 @@ def main(model_dir: str, data_dir: str, out_json: str) -> None:
             "seed": seed,
             "tf32_vs_fp64": compare(fp32, reference),
             "bf16_vs_fp64": compare(run(model_dir, padded, seed, torch.float32, False, bf16=True), reference),
-            "varlen_fp32_vs_padded_fp32": compare(run(model_dir, packed, seed, torch.float32, True), fp32),
+            # torch's CUDA varlen kernel takes bf16/fp16 only: compared in bf16, against the padded model in
+            # bf16 and against the float64 reference (on CPU the reference kernel runs fp32 too).
+            "varlen_bf16_vs_padded_bf16": compare(
+                run(model_dir, packed, seed, torch.float32, True, bf16=True),
+                run(model_dir, padded, seed, torch.float32, False, bf16=True),
+            ),
             "varlen_bf16_vs_fp64": compare(
                 run(model_dir, packed, seed, torch.float32, True, bf16=True), reference
             ),

@@ -1,6 +1,6 @@
 """The H100 step probe of 2026-11-24 (docs/results/h100/step_probe.json): ms per BERT-base training
 step under variants, on the same length-grouped batches. Run from the repository root after
-benchmarks/h100_setup.sh:
+benchmarks/gpu_setup.sh:
 
     python3 benchmarks/h100_step_probe.py /tmp/bert-base <mnli folder> <output folder>
 """

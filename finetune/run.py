@@ -13,10 +13,10 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
-from transformers import get_scheduler
+from transformers import enable_full_determinism, get_scheduler
 
 from finetune.config.identity import run_identity
-from finetune.config.resolved import Resolved, choose_metric
+from finetune.config.resolved import Resolved, choose_metric, eval_batch_size
 from finetune.config.train_config import TrainConfig, to_dict
 from finetune.data.batching import build_dataloaders
 from finetune.data.splits import load_splits
@@ -120,6 +120,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     take_lock(output_dir)  # rank 0: one run per output folder, until close() (or run_config's failure)
     trackers = trackers_for(args.report_to)
     wandb_notice = wandb_offline_notice(trackers)
+    if args.full_determinism:  # before the accelerator creates CUDA's handles: cuBLAS reads its variable once
+        enable_full_determinism(args.seed)
     accelerator = build_accelerator(args, trackers)
     world_size = accelerator.num_processes
     set_seed(args.seed)
@@ -136,7 +138,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     batch_notice = None
     if args.auto_find_batch_size and args.do_train:  # collective; sets the batch before the loaders
         batch, batch_notice = fit_batch_size(args, model, tokenized["train"], tokenizer, accelerator)
-    resolved = Resolved(**metric, **speed, **batch)
+    eval_batch = eval_batch_size(args, accelerator.device.type)
+    resolved = Resolved(**metric, **speed, **batch, per_device_eval_batch_size=eval_batch)
     config = args.with_resolved(resolved)  # what the run trains with, from here on
     loaders = build_dataloaders(
         tokenized, tokenizer, config, world_size, on_gpu, position_offset=varlen_position_offset(model)

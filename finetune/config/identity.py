@@ -61,6 +61,7 @@ LEFT_OUT = {
     "torch_compile_mode": _SPEED,
     "torch_compile_regional": _SPEED,
     "dataloader_num_workers": _SPEED,
+    "full_determinism": "which kernels compute the same function: results equal up to rounding",
     "ddp_bucket_cap_mb": _SPEED,
     "ddp_find_unused_parameters": _SPEED,
     "ddp_gradient_as_bucket_view": _SPEED,

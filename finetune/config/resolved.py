@@ -32,6 +32,21 @@ class Resolved:
     """The flag's batch, or what --auto_find_batch_size fitted (the global batch stays)."""
     gradient_accumulation_steps: int
     """The flag's steps, doubled for each halving of the batch by --auto_find_batch_size."""
+    per_device_eval_batch_size: int
+    """The flag's batch, or this device's default (see --per_device_eval_batch_size)."""
+
+
+# Evaluation batches when --per_device_eval_batch_size is unset, at --max_length 128 (measured in
+# docs/benchmarks.md: on CUDA, 256 evaluates 3x faster than 64; on CPU larger batches gain nothing).
+EVAL_BATCH_AT_128 = {"cuda": 256, "cpu": 64}
+
+
+def eval_batch_size(config: TrainConfig, device_type: str) -> int:
+    """--per_device_eval_batch_size, or the device's default scaled to the same tokens per batch."""
+    if config.per_device_eval_batch_size is not None:
+        return config.per_device_eval_batch_size
+    pairs = EVAL_BATCH_AT_128.get(device_type, EVAL_BATCH_AT_128["cpu"])
+    return max(8, pairs * 128 // max(config.max_length, 128))
 
 
 def choose_metric(config: TrainConfig, task: Task, splits: dict) -> dict:

@@ -27,9 +27,9 @@ class SystemArgs:
     padding_free: PaddingFree = "auto"
     """auto (on CPU for BERT, RoBERTa, XLM-R and ELECTRA without --torch_compile, except on CPUs with AMX,
     whose padded matmuls are fast enough that skipping padding does not pay), true or false: the encoder skips
-    padding everywhere but in attention; same results, less work. varlen (for CUDA; see docs/benchmarks.md for
-    its status): the collator packs real tokens only, attention runs torch's variable-length kernel (on CPU a
-    slow per-pair reference)."""
+    padding everywhere but in attention; same results, less work. varlen (for CUDA in bf16 or fp16;
+    docs/benchmarks.md has its figures): the collator packs real tokens only, attention runs torch's
+    variable-length kernel without attention dropout (on CPU a slow per-pair reference)."""
     pad_to_multiple_of: str = "auto"
     """Pad each batch's length up to a multiple of N tokens (capped at --max_length), so a compiled model
     meets few shapes: 32 gives 4 at --max_length 128. auto: 8 on CUDA (tensor cores), none on CPU (padding
@@ -44,15 +44,19 @@ class SystemArgs:
     """Recompute each layer's activations in the backward pass instead of storing them: less memory, one more
     forward pass of compute per step."""
     torch_compile: bool = False
-    """Compile the model with torch.compile (inductor, dynamic shapes). Pays off only on long GPU runs:
-    compiling costs about a minute and each step gains little back; on CPU eager is faster. See
-    docs/benchmarks.md."""
+    """Compile the model with torch.compile (inductor; static shapes over --pad_to_multiple_of buckets). Pays
+    off only on long GPU runs, where the steps saved outweigh the compile time (docs/benchmarks.md gives the
+    break-even); on CPU eager is faster. Evaluation runs the model uncompiled."""
     torch_compile_mode: TorchCompileMode | None = None
     """torch.compile mode; setting it implies --torch_compile. reduce-overhead replays forward and backward as
     CUDA graphs (pair it with --pad_to_multiple_of 32); unset: torch's default."""
     torch_compile_regional: bool = False
     """With --torch_compile, compile each repeated encoder layer once and reuse it (Accelerate's regional
     compilation): shorter compiles, graph breaks between layers."""
+    full_determinism: bool = False
+    """Deterministic kernels only (HF Trainer's flag: transformers' enable_full_determinism; slower). On CUDA
+    two runs of the same flags otherwise differ in the last bits, so a resumed run cannot match an unbroken
+    one bit for bit; on CPU they match without it."""
     dataloader_num_workers: int = 0
     """Worker processes feeding each training process."""
     peak_tflops: float | None = None

@@ -112,8 +112,10 @@ class EvaluationArgs:
     evaluated unless no."""
     eval_steps: int | None = None
     """With --eval_strategy steps: evaluate every N optimizer steps; default --logging_steps."""
-    per_device_eval_batch_size: int = 64
-    """Evaluation pairs per batch on each process."""
+    per_device_eval_batch_size: int | None = None
+    """Evaluation and prediction pairs per batch on each process; unset: 256 on CUDA, where larger batches
+    evaluate several times faster (docs/benchmarks.md), 64 on CPU; both for --max_length 128, and fewer
+    pairs for longer rows (the same tokens per batch)."""
     metric_for_best_model: str | None = None
     """Evaluation metric that picks the best model, kept in output_dir/best_model: eval_loss or a task metric;
     default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for CoLA). Custom
@@ -135,7 +137,7 @@ class EvaluationArgs:
     def __post_init__(self):
         """Checks of this group's flags alone; --load_best_model_at_end defaults to whether it evaluates."""
         evaluates = self.eval_strategy != "no"
-        if self.per_device_eval_batch_size <= 0:
+        if self.per_device_eval_batch_size is not None and self.per_device_eval_batch_size <= 0:
             size = self.per_device_eval_batch_size
             raise ConfigError(f"--per_device_eval_batch_size must be a positive integer, got {size}")
         if self.metric_for_best_model is not None and not self.metric_for_best_model.startswith("eval_"):

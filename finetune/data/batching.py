@@ -8,6 +8,7 @@ import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader, Sampler
 
+from finetune.config.resolved import eval_batch_size
 from finetune.config.train_config import TrainConfig
 
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "row")
@@ -212,7 +213,7 @@ def build_dataloaders(
         # predictions carry their row number back to the input order.
         loaders[name] = DataLoader(
             inputs,
-            batch_size=config.per_device_eval_batch_size,
+            batch_size=eval_batch_size(config, "cuda" if on_gpu else "cpu"),  # resolved or not
             sampler=sorted(range(len(lengths)), key=lengths.__getitem__),
             # Starting an iteration draws a seed: from its own generator, not the global RNG that
             # dropout uses, so an evaluation (or one abandoned at a stop signal) leaves training as is.

@@ -9,7 +9,7 @@ from finetune.model.backbones import classifies_from_last_token, fit_tokenizer_t
 from finetune.model.loading import load_model_and_tokenizer
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import refuse_checkpoint_dtype
-from finetune.speed.attention import use_sync_free_masks, use_varlen_attention
+from finetune.speed.attention import check_varlen_precision, use_sync_free_masks, use_varlen_attention
 from finetune.speed.malloc import keep_freed_memory, resolve_keep_freed_memory
 from finetune.speed.memory import enable_gradient_checkpointing
 from finetune.speed.packed_dropout import resolve_dropout_kernel, use_packed_dropout
@@ -38,6 +38,7 @@ def build_model(args: TrainConfig, task, accelerator, loading: dict, bf16_native
         use_padding_free(model)
     speed["pad_to_multiple_of"] = resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda")
     if speed["padding_free"] == "varlen":
+        check_varlen_precision(model, device_type, accelerator.mixed_precision)
         use_varlen_attention(model)
     elif speed["padding_free"] == "false" and args.pad_to_multiple_of not in ("auto", "1"):
         use_sync_free_masks(model)  # bucketed as asked (auto stays as measured); see finetune/attention.py

@@ -62,6 +62,19 @@ def check_varlen(model: nn.Module) -> None:
         )
 
 
+def check_varlen_precision(model: nn.Module, device_type: str, mixed_precision: str) -> None:
+    """torch's CUDA varlen kernel is FlashAttention's, which takes bf16 and fp16 only: a run whose
+    attention would see fp32 is refused before training rather than failing at its first forward."""
+    half = mixed_precision in ("bf16", "fp16") or model.dtype in (torch.bfloat16, torch.float16)
+    if device_type == "cuda" and not half:
+        raise ConfigError(
+            "--padding_free varlen: torch's varlen attention on CUDA takes bf16 or fp16 only, and this run "
+            "trains in fp32; use --mixed_precision bf16, or --padding_free false",
+            flag="--padding_free",
+            fix="use --mixed_precision bf16, or --padding_free false",
+        )
+
+
 def use_varlen_attention(model: nn.Module) -> None:
     """From now on the model takes `VarlenCollator` batches: attention through `varlen_attention`,
     and the encoder returns [pairs, 1, width]: each pair's first token, all the pooler or head reads."""

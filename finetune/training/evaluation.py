@@ -125,6 +125,10 @@ def _gathered_logits(
     """Collective: fp32 logits of every row with the batch's `key` column (labels, row numbers),
     gathered from all ranks; gather_for_metrics drops the rows Accelerate repeated to give every
     rank equal batches."""
+    # Under torch.compile the evaluation runs the model uncompiled: each evaluation batch shape would
+    # otherwise compile (and record CUDA graphs under reduce-overhead) for a pass that takes about a
+    # second eagerly (docs/benchmarks.md). Regional compilation compiles the layers in place: kept.
+    model = getattr(model, "_orig_mod", model)
     model.eval()
     keys, outputs = [], []
     with torch.no_grad():

@@ -292,3 +292,23 @@ def test_random_bytes_of_the_same_size_are_damage_not_an_unsafe_pickle(unbroken,
     file = checkpoint / "optimizer.bin"
     file.write_bytes(os.urandom(file.stat().st_size))
     assert damage(checkpoint) == "optimizer.bin is damaged (checksum differs)"
+
+
+def test_full_determinism_is_the_same_run_and_resumes_bitwise(unbroken, tiny_model_dir, nli_files, tmp_path):
+    """--full_determinism (HF Trainer's flag; the remedy on CUDA, where two runs of the same flags differ
+    in the last bits) turns torch's deterministic algorithms on, and resumes the checkpoint of a run
+    made without it: the same run, ending bit for bit where the unbroken one did."""
+    from unittest import mock
+
+    out = died_after_step_4(unbroken, tmp_path / "out")
+    shutil.rmtree(out / "checkpoint-4")
+    try:
+        with mock.patch.dict(os.environ):  # transformers sets CUBLAS_WORKSPACE_CONFIG and friends
+            args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--full_determinism")
+            main([*args, "--resume_from_checkpoint", "auto"])
+            assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+        reset_accelerate()
+    a, b = weights(unbroken), weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -66,3 +66,18 @@ def test_varlen_batch_packs_real_tokens_with_their_bounds():
     exact = VarlenCollator(tokenizer, 1, 64)(features(3, 5, 2))
     assert exact["input_ids"].shape == (1, 10)
     assert exact["cu_seq_lens_q"].tolist() == [0, 3, 8, 10, 10, 10, 10]
+
+
+def test_evaluation_batch_defaults_to_the_devices_and_keeps_the_tokens_per_batch():
+    """--per_device_eval_batch_size unset: 256 pairs on CUDA and 64 on CPU at --max_length 128, fewer for
+    longer rows (the same tokens per batch, at least 8); a given batch is kept on every device."""
+    from finetune.config.resolved import eval_batch_size
+
+    assert eval_batch_size(TrainConfig(), "cuda") == 256
+    assert eval_batch_size(TrainConfig(), "cpu") == 64
+    assert eval_batch_size(TrainConfig(max_length=512), "cuda") == 64
+    assert eval_batch_size(TrainConfig(max_length=8192), "cpu") == 8
+    assert eval_batch_size(TrainConfig(per_device_eval_batch_size=12), "cuda") == 12
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig(per_device_eval_batch_size=0)
+    assert refused.value.flag == "--per_device_eval_batch_size"

@@ -119,3 +119,31 @@ def test_regional_compilation_compiles_each_layer_on_both_paths(tiny_model_dir):
         compiled = compile_regions(plain, backend="eager", dynamic=False)
         assert all(type(layer).__name__ == "OptimizedModule" for layer in compiled.bert.encoder.layer)
         torch.testing.assert_close(logits(compiled, collate), expected, atol=1e-5, rtol=1e-4)
+
+
+def test_evaluation_runs_the_model_uncompiled(tiny_model_dir):
+    """Under torch.compile an evaluation compiles nothing (each of its batch shapes would, and record
+    CUDA graphs under reduce-overhead) and gives the model's own logits."""
+    from transformers import AutoModelForSequenceClassification
+
+    from finetune.training.evaluation import _gathered_logits
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir).eval()
+    compiles = 0
+
+    def counting_backend(graph, example_inputs):
+        nonlocal compiles
+        compiles += 1
+        return graph.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=counting_backend)
+    ids = torch.tensor([[101, 2023, 2003, 102], [101, 2178, 102, 0]])
+    batches = [{"input_ids": ids, "attention_mask": (ids > 0).long(), "labels": torch.tensor([0, 1])}]
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=(ids > 0).long()).logits
+    labels, logits = _gathered_logits(Accelerator(cpu=True), compiled, batches, "labels")
+    assert compiles == 0
+    torch.testing.assert_close(logits, expected)
+    assert labels.tolist() == [0, 1] and model.training  # handed back in training mode, as always
+    reset_accelerate()

@@ -62,3 +62,20 @@ def test_varlen_logits_and_gradients_equal_the_padded_models(architecture, tiny_
     assert grads.keys() == expected_grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grad, expected_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_varlen_on_cuda_in_fp32_is_refused_before_training(tiny_model_dir):
+    """torch's CUDA varlen kernel (FlashAttention) takes bf16/fp16 only: fp32 attention is refused with
+    the flag and the fix, instead of failing at the first forward; bf16 and CPU runs pass."""
+    from transformers import AutoModelForSequenceClassification
+
+    from finetune.errors import ConfigError
+    from finetune.speed.attention import check_varlen_precision
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    with pytest.raises(ConfigError) as refused:
+        check_varlen_precision(model, "cuda", "no")
+    assert refused.value.flag == "--padding_free" and "--mixed_precision bf16" in refused.value.fix
+    check_varlen_precision(model, "cuda", "bf16")
+    check_varlen_precision(model.to(torch.bfloat16), "cuda", "no")
+    check_varlen_precision(model, "cpu", "no")
