@@ -99,3 +99,13 @@ def describe_runtime(accelerator) -> dict:
         "device": str(accelerator.device),
         "mixed_precision": accelerator.mixed_precision,
     }
+
+
+def fresh_accelerate_state() -> None:
+    """Before another run in this process (the next seed or trial): Accelerate keeps process-wide
+    singletons (precision, accumulation, the active dataloaders) that the next Accelerator would reuse.
+    The process group stays: every rank calls this between the same two runs."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
