@@ -12,6 +12,7 @@ from finetune.config.parser import parse_config
 from finetune.distributed.ranks import say_once
 from finetune.errors import ConfigError, Stopped, TrainingFailed, TrainingInterrupted
 from finetune.run import run_config
+from finetune.studies.seeds import run_seeds
 
 
 def cli(argv: list[str] | None = None, build=None) -> int:
@@ -36,7 +37,7 @@ def _run(argv: list[str], build) -> int:
     config = None
     try:
         config = parse_config(argv)
-        run_config(config, build)
+        (run_seeds if config.seeds else run_config)(config, build)
     except (ConfigError, TrainingFailed) as error:
         if config.debug if config is not None else getattr(error, "debug", False):
             raise
@@ -61,5 +62,7 @@ def _stop(signum, frame):
 
 
 def main(argv: list[str] | None = None, build=None) -> dict:
-    """Collective: `cli` for Python callers; returns the results and raises what `cli` reports."""
-    return run_config(parse_config(argv), build)
+    """Collective: `cli` for Python callers; returns the results (with --seeds, the summary) and raises
+    what `cli` reports."""
+    config = parse_config(argv)
+    return (run_seeds if config.seeds else run_config)(config, build)

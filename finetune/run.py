@@ -54,9 +54,10 @@ from finetune.training.meter import model_flops_utilization
 from finetune.training.steps import plan_steps
 
 
-def run_config(args: TrainConfig, build=None) -> dict:
+def run_config(args: TrainConfig, build=None, keep_process_group: bool = False) -> dict:
     """Collective: the run `args` describes, `setup` to `close`; its results (a finished run's, read
-    back, when relaunched after the end). A failed start or run gives the output folder back."""
+    back, when relaunched after the end). A failed start or run gives the output folder back.
+    `keep_process_group`: another run follows in this process (a study), on the same process group."""
     identity = run_identity(args, launcher_world_size())  # what makes it the same run; read once
     finished = finished_run(args, identity)
     if finished is not None:  # relaunched after the end: nothing trains, nothing of the run changes
@@ -73,7 +74,7 @@ def run_config(args: TrainConfig, build=None) -> dict:
     except BaseException:
         release_lock(args.output_dir)  # a failed start or run leaves the folder to the next one
         raise
-    close(run)
+    close(run, keep_process_group)
     return results
 
 
@@ -250,6 +251,8 @@ def execute(run: Run) -> dict:
             "train_tokens_per_second": state.tokens_seen / runtime_s,
             **model_flops_utilization(run, state.tokens_seen / runtime_s, "train_mfu"),
             "eval_runtime_s": eval_runtime_s,
+            "metric_for_best_model": config.metric_for_best_model,
+            "greater_is_better": config.greater_is_better,
             "best_metric": state.best_metric,
             "best_step": state.best_step,
             **training_outcome(run, exported),
@@ -343,8 +346,9 @@ def training_outcome(run: Run, exported: dict) -> dict:
     }
 
 
-def close(run: Run) -> None:
-    """Collective: finish the trackers and leave the process group, every rank together."""
+def close(run: Run, keep_process_group: bool = False) -> None:
+    """Collective: finish the trackers and leave the process group, every rank together (unless another
+    run of a study follows: a process group cannot be made again on the launcher's rendezvous)."""
     accelerator = run.accelerator
     accelerator.wait_for_everyone()
     # DDP's reducer holds the process group: destroyed after the group, it deadlocks in
@@ -352,7 +356,11 @@ def close(run: Run) -> None:
     run.model = run.optimizer = run.scheduler = run.train_loader = None
     run.eval_loaders = {}
     accelerator.free_memory()
-    accelerator.end_training()
+    if keep_process_group:
+        for tracker in accelerator.trackers:
+            tracker.finish()
+    else:
+        accelerator.end_training()  # the trackers, then the process group
     release_lock(run.config.output_dir)
 
 

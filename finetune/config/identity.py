@@ -62,6 +62,7 @@ LEFT_OUT = {
     "torch_compile_regional": _SPEED,
     "dataloader_num_workers": _SPEED,
     "full_determinism": "which kernels compute the same function: results equal up to rounding",
+    "seeds": "a study of runs: each seed's run has its own identity, with its --seed",
     "ddp_bucket_cap_mb": _SPEED,
     "ddp_find_unused_parameters": _SPEED,
     "ddp_gradient_as_bucket_view": _SPEED,

@@ -64,9 +64,26 @@ class OptimizationArgs:
     probability evenly over all labels. eval_loss is smoothed the same way, as HF Trainer's."""
     seed: int = 42
     """Seed for weights of new heads, dropout and data order."""
+    seeds: str | None = None
+    """Comma-separated seeds (42,43,44,45,46) in place of --seed: the same run once per seed, each a complete
+    run in output_dir/seed-<s>/, then output_dir/summary.json with every evaluation metric's mean, sample
+    std, min, max and 95% confidence interval over the seeds, and which seed's folder holds the best and
+    the median model. With --resume_from_checkpoint auto a relaunch finishes the missing seeds only."""
+
+    @property
+    def seed_list(self) -> list[int]:
+        """--seeds as numbers, in the order given ([] when unset)."""
+        return [int(s) for s in self.seeds.split(",")] if self.seeds else []
 
     def __post_init__(self):
         """Checks of this group's flags alone."""
+        if self.seeds is not None:
+            given = [s.strip() for s in self.seeds.split(",")]
+            if not all(s.lstrip("-").isdigit() for s in given) or len(set(given)) != len(given):
+                raise ConfigError(
+                    f"--seeds must be distinct whole numbers joined by commas (42,43,44), got {self.seeds!r}"
+                )
+            object.__setattr__(self, "seeds", ",".join(str(int(s)) for s in given))
         for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be a positive integer, got {getattr(self, name)}")

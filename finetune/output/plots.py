@@ -85,3 +85,26 @@ def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str])
     figure.tight_layout()
     figure.savefig(png, dpi=100)  # no bbox_inches: the PNG is exactly CURVES_SIZE_PX
     plt.close(figure)
+
+
+def plot_seed_curves(folders: dict[str, Path], metric: str | None, png: Path) -> None:
+    """--seeds: every seed's evaluations of `metric` (--metric_for_best_model) per optimizer step, one
+    line per seed, from each seed folder's metrics.jsonl; nothing evaluated: no PNG."""
+    curves = {}
+    for seed, folder in folders.items():
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line]
+        points = [(r["step"], r[metric]) for r in records if metric in r]
+        if points:
+            curves[seed] = points
+    if not curves:
+        return
+    plt = _pyplot()
+    width, height = CURVES_SIZE_PX
+    figure, axis = plt.subplots(figsize=(width / 200, height / 100), dpi=100)
+    for seed, points in curves.items():
+        axis.plot(*zip(*points, strict=True), marker="o", label=f"seed {seed}")
+    axis.set(title=f"{metric} by seed", xlabel="optimizer step", ylabel=metric)
+    axis.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(png, dpi=100)
+    plt.close(figure)

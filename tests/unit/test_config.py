@@ -378,3 +378,18 @@ def test_evaluating_a_trained_model_takes_its_task_flags_from_its_record(tmp_pat
     assert (given.task_name, given.label_column) == ("custom", "stars")
     assert parse_config(["--model_name_or_path", str(model), "--train_file", "t.csv", "--validation_file",
                          "v.csv"]).task_name == "mnli"  # training: the flags as given  # fmt: skip
+
+
+def test_seeds_are_distinct_whole_numbers_and_the_interval_uses_students_t():
+    """--seeds normalizes spaces; a repeat or a word is refused naming the flag. Student's t at 97.5%:
+    the table, then the series (exact values 2.0395 at 31, 1.9840 at 100 degrees of freedom)."""
+    from finetune.studies.seeds import describe, t_975
+
+    assert TrainConfig(seeds="42, 43,44").seed_list == [42, 43, 44]
+    for bad in ("42,42", "42,x", ""):
+        with pytest.raises(ConfigError) as refused:
+            TrainConfig(seeds=bad)
+        assert refused.value.flag == "--seeds"
+    assert t_975(2) == 4.303 and abs(t_975(31) - 2.0395) < 1e-3 and abs(t_975(100) - 1.9840) < 1e-3
+    one = describe({7: 0.5})
+    assert (one["n"], one["std"], one["ci95"]) == (1, None, None)

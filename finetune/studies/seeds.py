@@ -1,0 +1,212 @@
+"""`--seeds 42,43,44`: one configuration trained once per seed, each an ordinary run in
+`<output_dir>/seed-<s>/`, then one answer over them: `summary.json` (each evaluation metric's mean, sample
+standard deviation, min, max and 95% confidence interval, the per-seed values, and which folder holds the
+best and the median model), a study card (`README.md`) and every seed's evaluation curve in one PNG.
+
+A seed's run is exactly the standalone run with `--seed s` (only its folder differs, and the folder is
+not part of a run's identity). With `--resume_from_checkpoint auto` a relaunch reads the finished seeds'
+results back, resumes a broken one from its newest checkpoint and starts the missing ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from pathlib import Path
+
+from finetune.config.train_config import TrainConfig
+from finetune.distributed.accelerator import fresh_accelerate_state
+from finetune.distributed.ranks import launcher_rank
+from finetune.errors import ConfigError
+from finetune.output.plots import plot_seed_curves
+from finetune.output.writing import writing
+from finetune.run import run_config
+
+SUMMARY_FILE = "summary.json"
+CURVES_FILE = "seed_curves.png"
+STUDY_CARD_MARK = "<!-- finetune seeds summary -->"  # tells the study card from a user's README.md
+
+# Student's t at 97.5% (two-sided 95%) for 1-30 degrees of freedom; beyond, a series in 1/df.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+         2.052, 2.048, 2.045, 2.042)  # fmt: skip
+
+
+def run_seeds(config: TrainConfig, build=None) -> dict:
+    """Collective: the run `config` describes once per seed of --seeds, in the order given; then rank 0
+    writes the summary, the study card and the curves. Returns the summary."""
+    output_dir = Path(config.output_dir)
+    refuse_single_run_folder(output_dir)
+    results = {}
+    try:
+        for seed in config.seed_list:
+            results[seed] = run_config(seed_config(config, seed), build, keep_process_group=True)
+            fresh_accelerate_state()  # every rank, between the same two runs
+    finally:
+        leave_process_group()
+    summary = summarize(results, config)
+    if launcher_rank() == 0:
+        with writing(SUMMARY_FILE, output_dir):
+            (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
+        with writing("the study card (README.md)", output_dir):
+            (output_dir / "README.md").write_text(study_card(summary, config))
+        with writing(CURVES_FILE, output_dir):
+            folders = {seed: output_dir / folder for seed, folder in summary["folders"].items()}
+            plot_seed_curves(folders, summary["metric_for_best_model"], output_dir / CURVES_FILE)
+        print(summary_line(summary))
+        print(f"{SUMMARY_FILE}, README.md, {CURVES_FILE}: {output_dir.resolve()}")
+    return summary
+
+
+def seed_config(config: TrainConfig, seed: int) -> TrainConfig:
+    """The standalone run with --seed `seed`, in its own folder (not part of a run's identity)."""
+    output_dir = Path(config.output_dir)
+    return dataclasses.replace(
+        config,
+        seed=seed,
+        seeds=None,
+        output_dir=str(output_dir / f"seed-{seed}"),
+        run_name=f"{config.run_name or output_dir.name}-seed-{seed}",
+    )
+
+
+def leave_process_group() -> None:
+    """Collective: the study's runs kept the launcher's process group; the last one out closes it."""
+    import torch.distributed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def refuse_single_run_folder(output_dir: Path) -> None:
+    """The seeds' folder holds seed-<s>/ folders and the summary: a single run's outputs there (its
+    results.json, model card) would be mixed with them, so such a folder is refused before anything runs."""
+    card = output_dir / "README.md"
+    ours = card.is_file() and STUDY_CARD_MARK in card.read_text(errors="replace")
+    if (output_dir / "results.json").exists() or (card.exists() and not ours):
+        what = (
+            "a single run (results.json)"
+            if (output_dir / "results.json").exists()
+            else "a README.md of yours"
+        )
+        raise ConfigError(
+            f"--output_dir {output_dir} holds {what}; choose another folder for --seeds (it writes "
+            "seed-<s>/ folders and a summary)",
+            flag="--output_dir",
+        )
+
+
+def summarize(results: dict[int, dict], config: TrainConfig) -> dict:
+    """Every evaluation metric over the seeds: n, mean, sample std, min, max, a 95% Student-t interval
+    and the per-seed values; the seeds whose folders hold the best and the median model by
+    --metric_for_best_model (the median of an even count: the lower middle one)."""
+    seeds = list(results)
+    names = [k for k, v in results[seeds[0]].items() if _is_metric(k, v)]
+    metrics = {name: describe({s: results[s][name] for s in seeds if name in results[s]}) for name in names}
+    first = results[seeds[0]]  # every seed's run resolved the same metric and direction
+    key = first.get("metric_for_best_model")
+    summary = {
+        "seeds": seeds,
+        "folders": {str(s): f"seed-{s}" for s in seeds},
+        "metric_for_best_model": key,
+        "greater_is_better": None,
+        "metrics": metrics,
+        "best": None,
+        "median": None,
+    }
+    if key in metrics:
+        greater = first["greater_is_better"]
+        ranked = sorted(seeds, key=lambda s: results[s][key], reverse=greater)  # best first
+        median = sorted(seeds, key=lambda s: results[s][key])[(len(seeds) - 1) // 2]
+        summary["greater_is_better"] = greater
+        summary["best"] = {"seed": ranked[0], "folder": f"seed-{ranked[0]}", "value": results[ranked[0]][key]}
+        summary["median"] = {"seed": median, "folder": f"seed-{median}", "value": results[median][key]}
+    return summary
+
+
+def _is_metric(key: str, value) -> bool:
+    counts = key.endswith(("_samples", "_runtime_s", "_per_second"))
+    return (
+        key.startswith("eval_")
+        and not counts
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+    )
+
+
+def describe(values: dict[int, float]) -> dict:
+    """n, mean, sample std (n - 1; None for one seed), min, max, the 95% confidence interval of the
+    mean (Student's t; None for one seed) and the values by seed."""
+    numbers = list(values.values())
+    n, mean = len(numbers), statistics.fmean(numbers)
+    std = statistics.stdev(numbers) if n > 1 else None
+    half = t_975(n - 1) * std / math.sqrt(n) if n > 1 else None
+    return {
+        "n": n,
+        "mean": mean,
+        "std": std,
+        "min": min(numbers),
+        "max": max(numbers),
+        "ci95": [mean - half, mean + half] if half is not None else None,
+        "values": {str(seed): v for seed, v in values.items()},
+    }
+
+
+def t_975(df: int) -> float:
+    """Student's t quantile at 0.975 for `df` degrees of freedom (a table to 30, then the Cornish-Fisher
+    series in 1/df, within 1e-3 of the exact value)."""
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def summary_line(summary: dict) -> str:
+    key = summary["metric_for_best_model"]
+    if key not in summary["metrics"]:
+        return f"{len(summary['seeds'])} seeds trained; nothing was evaluated"
+    m = summary["metrics"][key]
+    spread = ""
+    if m["std"] is not None:
+        spread = f" ± {m['std']:.4f} (sample std; 95% CI {m['ci95'][0]:.4f}-{m['ci95'][1]:.4f})"
+    return (
+        f"{key} over {m['n']} seeds: {m['mean']:.4f}{spread}; best {summary['best']['folder']}, "
+        f"median {summary['median']['folder']}"
+    )
+
+
+def study_card(summary: dict, config: TrainConfig) -> str:
+    """README.md of the seeds' folder: what was trained, each metric as mean ± std with its interval and
+    per-seed values, and where the best and the median model are."""
+    seeds = summary["seeds"]
+    header = "| metric | mean ± std | 95% CI | min | max | " + " | ".join(f"seed {s}" for s in seeds) + " |"
+    rows = [header, "|" + " --- |" * (5 + len(seeds))]
+    for name, m in summary["metrics"].items():
+        spread = f" ± {m['std']:.4f}" if m["std"] is not None else ""
+        ci = f"{m['ci95'][0]:.4f}-{m['ci95'][1]:.4f}" if m["ci95"] else "-"
+        per_seed = " | ".join(f"{m['values'].get(str(s), float('nan')):.4f}" for s in seeds)
+        rows.append(
+            f"| {name} | {m['mean']:.4f}{spread} | {ci} | {m['min']:.4f} | {m['max']:.4f} | {per_seed} |"
+        )
+    where = (
+        f"The best model by {summary['metric_for_best_model']} is in `{summary['best']['folder']}/`, the "
+        f"median one in `{summary['median']['folder']}/`; each folder is a complete run with its own "
+        "model card."
+        if summary["best"]
+        else "Nothing was evaluated, so no seed is best."
+    )
+    return "\n".join([
+        STUDY_CARD_MARK,
+        f"# {Path(config.model_name_or_path).name} on {config.task_name}: {len(seeds)} seeds",
+        "",
+        f"The same configuration trained with seeds {', '.join(map(str, seeds))}. Report the mean and its "
+        "spread: between seeds the spread is often as large as the effect of a change.",
+        "",
+        *rows,
+        "",
+        where,
+        f"Per-seed evaluation curves: `{CURVES_FILE}`; every figure: `{SUMMARY_FILE}`.",
+        "",
+    ])  # fmt: skip

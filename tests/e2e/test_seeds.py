@@ -1,0 +1,117 @@
+"""--seeds: one configuration over several seeds, each a complete run in seed-<s>/, one summary over them.
+
+A seed's run is the standalone run with --seed s, bit for bit; a relaunch with --resume_from_checkpoint
+auto finishes what an interrupted study left and reruns nothing finished; 2 processes train every seed.
+"""
+
+import json
+import statistics
+
+import pytest
+import torch
+
+from finetune.errors import ConfigError
+from finetune.mnli import main
+from tests.e2e.test_bad_input import fails_cleanly
+from tests.e2e.test_distributed import two_process
+from tests.helpers import PYTHON, reset_accelerate, run_cli, snapshot, tiny_args, weights
+
+STEPS = [
+    "--max_train_steps",
+    "4",
+    "--checkpointing_steps",
+    "2",
+    "--eval_strategy",
+    "steps",
+    "--eval_steps",
+    "2",
+]
+
+
+def test_seeds_summarize_runs_equal_to_standalone_ones(tiny_model_dir, nli_files, tmp_path, capsys):
+    out = tmp_path / "study"
+    summary = main(tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--seeds", "42,43,44"))
+    reset_accelerate()
+    assert json.loads((out / "summary.json").read_text()) == summary
+    runs = {s: json.loads((out / f"seed-{s}" / "results.json").read_text()) for s in (42, 43, 44)}
+    assert [json.loads((out / f"seed-{s}" / "train_config.json").read_text())["seed"] for s in runs] == [
+        42,
+        43,
+        44,
+    ]
+    for name in ("eval_matched_accuracy", "eval_loss"):
+        values = [runs[s][name] for s in runs]
+        m = summary["metrics"][name]
+        assert m["n"] == 3 and m["values"] == {str(s): runs[s][name] for s in runs}
+        assert m["mean"] == pytest.approx(statistics.fmean(values))
+        assert m["std"] == pytest.approx(statistics.stdev(values))
+        assert (m["min"], m["max"]) == (min(values), max(values))
+        half = 4.303 * m["std"] / 3**0.5  # Student's t, 2 degrees of freedom
+        assert m["ci95"] == pytest.approx([m["mean"] - half, m["mean"] + half])
+    key = summary["metric_for_best_model"]
+    assert key == "eval_matched_accuracy" and summary["greater_is_better"] is True
+    assert summary["best"]["value"] == max(r[key] for r in runs.values())
+    assert summary["median"]["value"] == sorted(r[key] for r in runs.values())[1]
+    card = (out / "README.md").read_text()
+    assert "eval_matched_accuracy" in card and "±" in card and summary["best"]["folder"] in card
+    assert (out / "seed_curves.png").stat().st_size > 0
+    assert "eval_matched_accuracy over 3 seeds: " in capsys.readouterr().out
+
+    alone = tmp_path / "alone"
+    main(tiny_args(tiny_model_dir, nli_files, alone, *STEPS, "--seed", "43"))
+    reset_accelerate()
+    a, b = weights(alone), weights(out / "seed-43")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.subprocess
+def test_an_interrupted_study_finishes_with_auto_and_reruns_nothing_finished(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """SIGKILL in seed 2's third step (after its checkpoint at 2); the relaunch reads seed 1 back as it
+    is, resumes seed 2 from its checkpoint and trains seed 3."""
+    out = tmp_path / "study"
+    args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--seeds", "1,2,3")
+    env = {"AT_STEP": "3", "SIGNAL": "KILL", "ONLY_IN": "seed-2"}
+    killed = run_cli([PYTHON, "tests/probes/signal_at_step.py", *args], env=env)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert (out / "seed-1" / "results.json").exists() and not (out / "seed-2" / "results.json").exists()
+    assert not (out / "seed-3").exists() and not (out / "summary.json").exists()
+    first = snapshot(out / "seed-1")
+    capsys.readouterr()
+    summary = main([*args, "--resume_from_checkpoint", "auto"])
+    reset_accelerate()
+    stdout = capsys.readouterr().out
+    assert snapshot(out / "seed-1") == first  # read back, not rerun
+    assert f"resuming from {out / 'seed-2' / 'checkpoint-2'} at step 2" in stdout
+    assert summary["seeds"] == [1, 2, 3] and summary["metrics"]["eval_loss"]["n"] == 3
+    assert all(
+        json.loads((out / f"seed-{s}" / "results.json").read_text())["global_step"] == 4 for s in (2, 3)
+    )
+
+
+def test_bad_seeds_and_a_single_runs_folder_are_refused(tiny_model_dir, nli_files, tmp_path, capsys):
+    out = tmp_path / "run"
+    main(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2"))
+    reset_accelerate()
+    before = snapshot(out)
+    with pytest.raises(ConfigError) as refused:
+        main(tiny_args(tiny_model_dir, nli_files, out, "--seeds", "1,2"))
+    assert refused.value.flag == "--output_dir" and "another folder" in refused.value.fix
+    fails_cleanly(
+        tiny_args(tiny_model_dir, nli_files, out, "--seeds", "1,2"), out, "--seeds", capsys, exit_code=2
+    )
+    assert snapshot(out) == before
+    with pytest.raises(ConfigError) as refused:
+        main(tiny_args(tiny_model_dir, nli_files, tmp_path / "x", "--seeds", "7,7"))
+    assert refused.value.flag == "--seeds" and not (tmp_path / "x").exists()
+
+
+@pytest.mark.multiprocess
+def test_two_processes_train_every_seed(tiny_model_dir, nli_files, tmp_path):
+    out = tmp_path / "study"
+    done = two_process(tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2", "--seeds", "5,6"))
+    assert "eval_matched_accuracy over 2 seeds" in done.stdout
+    for seed in (5, 6):
+        assert json.loads((out / f"seed-{seed}" / "results.json").read_text())["world_size"] == 2
+    assert json.loads((out / "summary.json").read_text())["seeds"] == [5, 6]
