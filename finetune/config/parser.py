@@ -41,7 +41,7 @@ class _Parser(HfArgumentParser):
         for action in self._actions:
             negation = isinstance(action, argparse._StoreFalseAction)
             if action.dest in docs and not negation:
-                action.help = docs[action.dest]  # the field's attribute docstring
+                action.help = docs[action.dest].replace("%", "%%")  # the docstring; argparse formats %
             if negation and action.option_strings[0].startswith("--no_"):
                 action.help = f"Turn off --{action.dest}."  # not the positive flag's text again
                 action.default = argparse.SUPPRESS  # the positive flag's default decides, not "False"
