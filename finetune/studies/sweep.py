@@ -292,10 +292,14 @@ def _tell(study: optuna.Study, trial: optuna.Trial, params: dict, outcome: dict,
     for key in ("reason", "pruned_at_step"):
         if key in outcome:
             trial.set_user_attr(key, outcome[key])
-    try:
-        study.tell(trial, outcome.get("value"), state=None if state == TrialState.COMPLETE else state)
-    except (ValueError, RuntimeError) as error:  # told already: never counted twice
-        print(f"trial {trial.number}: not told again ({error})")
+    told = next(t.state for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+    if told != TrialState.RUNNING:  # never counted twice
+        print(f"trial {trial.number}: already told ({told.name}); not told again")
+    else:
+        # GridSampler.after_trial calls study.stop() once the grid is done, which raises outside
+        # study.optimize; Optuna stores the outcome first (in a finally), so it is told all the same.
+        with contextlib.suppress(RuntimeError):
+            study.tell(trial, outcome.get("value"), state=None if state == TrialState.COMPLETE else state)
     claims.release(folder)
     said = f"{summary['metric']} {outcome['value']:.4f}" if "value" in outcome else outcome.get("reason", "")
     step = f" at step {outcome['pruned_at_step']}" if "pruned_at_step" in outcome else ""
