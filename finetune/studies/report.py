@@ -86,7 +86,8 @@ def draw_charts(study: optuna.Study, root: Path) -> None:
     from finetune.output.plots import _pyplot
 
     plt = _pyplot()
-    with warnings.catch_warnings():
+    # rc_context: optuna's plots switch matplotlib's style, which would restyle the next trial's curves.
+    with warnings.catch_warnings(), plt.rc_context():
         warnings.simplefilter("ignore")  # optuna's matplotlib plots are marked experimental
         for name, draw in ((HISTORY_PLOT, _history), (PARAMS_PLOT, _slice)):
             try:

@@ -29,7 +29,7 @@ def report(out) -> dict:
 
 @pytest.mark.subprocess
 def test_two_workers_share_a_study_and_a_killed_workers_trial_resumes_exactly(
-    tiny_model_dir, nli_files, tmp_path
+    tiny_model_dir, nli_files, tmp_path, capsys
 ):
     out, note = tmp_path / "study", tmp_path / "killed.txt"
     config = sweep_yaml(tmp_path, "n_trials: 4\nsampler: random\nseed: 0\nsearch_space:\n"
@@ -44,14 +44,16 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_resumes_exactly(
                          stderr=subprocess.PIPE, text=True, start_new_session=True),
     ]  # fmt: skip
     try:
-        (_, killed_err), (_, err) = (w.communicate(timeout=240) for w in workers)
+        (_, killed_err), (out_1, err) = (w.communicate(timeout=240) for w in workers)
     finally:
         for w in workers:
             kill_tree(w.pid)
     assert workers[0].returncode == -9, killed_err[-3000:]
     assert workers[1].returncode == 0, err[-3000:]
+    capsys.readouterr()
     sweep_main(argv)  # the killed worker started again: it resumes the trial if the other one did not
     reset_accelerate()
+    adopters = out_1 + capsys.readouterr().out
 
     trials = report(out)["trials"]
     assert sorted(t["number"] for t in trials) == [0, 1, 2, 3]  # each trial once, none asked twice
@@ -67,10 +69,12 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_resumes_exactly(
 
     # The killed trial resumed from its checkpoint: the same weights as a run never interrupted.
     killed = next(t for t in trials if t["folder"] == note.read_text())
-    assert (out / f"trial-{killed['number']}" / "checkpoint-2").is_dir()
+    folder = out / f"trial-{killed['number']}"
+    assert f"trial {killed['number']}: its worker is gone; resuming it here" in adopters
+    assert f"resuming from {folder / 'checkpoint-2'} at step 2" in adopters
     lr = str(killed["params"]["learning_rate"])
     main(tiny_args(tiny_model_dir, nli_files, tmp_path / "unbroken", *TRIAL, "--learning_rate", lr))
-    unbroken, resumed = weights(tmp_path / "unbroken"), weights(out / f"trial-{killed['number']}")
+    unbroken, resumed = weights(tmp_path / "unbroken"), weights(folder)
     assert not [name for name in unbroken if not torch.equal(unbroken[name], resumed[name])]
 
 
