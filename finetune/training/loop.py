@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,10 @@ class Run:
     That step was skipped on the device; the run fails when the flag is next read (`_raise_if_diverged`)."""
     meter: _Meter | None = None
     """Set by train(): the open logging window and this segment's clock; a checkpoint keeps both."""
+    on_evaluation: Callable[[int, dict], bool] | None = None
+    """Set by a caller's `build` hook (a sweep's trial, to prune): called on every rank with (step,
+    evaluation) after each evaluation during training; True stops training there, as early stopping
+    does, and the run finishes (export, results.json) as usual. It must answer the same on every rank."""
 
 
 def train(run: Run, stop: StopSignals):
@@ -82,6 +87,7 @@ def train(run: Run, stop: StopSignals):
         # Resumed from a checkpoint whose evaluation a stop signal abandoned: that step's evaluation first.
         meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
         model.train()
+        halted = False  # early stopping or on_evaluation ended training mid-epoch
         for epoch in range(state.epoch, plan.num_epochs):
             if stopped_early(config, state):
                 break
@@ -111,9 +117,10 @@ def train(run: Run, stop: StopSignals):
                 state.global_step += 1
                 window_samples = 0
                 progress.update(1)
-                if after_update(run, metric, stop, progress):  # collective: log, evaluate, checkpoint, stop
+                halted = after_update(run, metric, stop, progress)  # collective: log, evaluate, checkpoint
+                if halted:
                     break
-            if stopped_early(config, state):
+            if halted:
                 break  # mid-epoch: the state stays at the step where it stopped
             state.epoch, state.micro_batches_in_epoch = epoch + 1, 0
             if config.checkpoint_every_epoch:
@@ -128,7 +135,7 @@ def train(run: Run, stop: StopSignals):
 def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
     """Collective: what follows an optimizer update, in this order: the log line when one is due (rank 0
     writes it), the evaluation when one is due, the checkpoint when one is due, a stop signal's checkpoint
-    and `TrainingInterrupted`. Returns whether early stopping ends training here."""
+    and `TrainingInterrupted`. Returns whether early stopping (or `run.on_evaluation`) ends training here."""
     accelerator, config, state, meter = run.accelerator, run.config, run.state, run.meter
     if state.global_step % config.logging_steps == 0 or state.global_step == run.plan.total_updates:
         record = _train_record(run, meter)  # collective; reads the device
@@ -138,6 +145,10 @@ def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
     # Before the checkpoint, so one written at this step holds this evaluation's counters.
     meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
     _checkpoint_or_stop(run, stop)  # collective
+    evaluated = state.last_eval_step == state.global_step  # just now: a step is never evaluated twice
+    hook = run.on_evaluation
+    if evaluated and hook is not None and hook(state.global_step, state.last_evaluation):  # collective
+        return True
     return stopped_early(config, state)
 
 

@@ -1,0 +1,125 @@
+"""What a sweep leaves in its output folder, written by a worker's rank 0 from the study's storage (so it
+lists every worker's trials): sweep.json, two charts, and the best trial's model at the root."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from finetune.output.prerun import MODEL_FILES
+
+REPORT_FILE = "sweep.json"
+HISTORY_PLOT = "sweep_history.png"
+PARAMS_PLOT = "sweep_params.png"
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+
+def trial_folder(root: Path, number: int) -> Path:
+    return Path(root) / f"trial-{number}"
+
+
+def describe_trials(study: optuna.Study, root: Path) -> list[dict]:
+    described = []
+    for trial in study.get_trials(deepcopy=False):
+        ended = trial.datetime_complete
+        seconds = (ended - trial.datetime_start).total_seconds() if ended and trial.datetime_start else None
+        entry = {
+            "number": trial.number,
+            "params": trial.params,
+            "value": trial.value,
+            "state": trial.state.name,
+            "seconds": seconds,
+            "folder": str(trial_folder(root, trial.number)),
+        }
+        entry.update({k: v for k, v in trial.user_attrs.items() if k in ("reason", "pruned_at_step")})
+        described.append(entry)
+    return described
+
+
+def best_of(study: optuna.Study, root: Path) -> dict | None:
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    best = study.best_trial
+    return {"number": best.number, "params": best.params, "value": best.value,
+            "folder": str(trial_folder(root, best.number))}  # fmt: skip
+
+
+def write_report(study: optuna.Study, root: Path, summary: dict) -> dict:
+    """sweep.json, rewritten whole (a temporary file, then os.replace: readers never see half of it)."""
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    report = {
+        **summary,
+        "trials": describe_trials(study, root),
+        "best_trial": best_of(study, root),
+        "param_importances": _importances(study) if len(complete) >= 2 else None,
+    }
+    _replace_text(Path(root) / REPORT_FILE, json.dumps(report, indent=2))
+    draw_charts(study, Path(root))
+    return report
+
+
+def export_best(study: optuna.Study, root: Path) -> int | None:
+    """The best trial's exported model (weights, config, tokenizer, model card) copied to the root, each
+    file replaced atomically; the trial's number, or None without a complete trial."""
+    best = best_of(study, root)
+    if best is None:
+        return None
+    source = Path(best["folder"])
+    names = [p.name for p in source.glob("model*.safetensors")] + [*MODEL_FILES, "README.md"]
+    for name in names:
+        if (source / name).is_file():
+            temporary = Path(root) / f".{name}.copying"
+            shutil.copy2(source / name, temporary)
+            os.replace(temporary, Path(root) / name)
+    return best["number"]
+
+
+def draw_charts(study: optuna.Study, root: Path) -> None:
+    """The optimisation history and each parameter against the value. A chart that fails to draw is one
+    printed line: it never fails the sweep."""
+    from finetune.output.plots import _pyplot
+
+    plt = _pyplot()
+    # rc_context: optuna's plots switch matplotlib's style, which would restyle the next trial's curves.
+    with warnings.catch_warnings(), plt.rc_context():
+        warnings.simplefilter("ignore")  # optuna's matplotlib plots are marked experimental
+        for name, draw in ((HISTORY_PLOT, _history), (PARAMS_PLOT, _slice)):
+            try:
+                axes = draw(study)
+                figure = axes.flat[0].figure if hasattr(axes, "flat") else axes.figure
+                figure.savefig(root / name, dpi=100, bbox_inches="tight")
+            except Exception as error:  # noqa: BLE001 - a chart is never worth a failed sweep
+                print(f"{root / name}: not drawn ({type(error).__name__}: {error})")
+            finally:
+                plt.close("all")
+
+
+def _history(study):
+    from optuna.visualization.matplotlib import plot_optimization_history
+
+    return plot_optimization_history(study)
+
+
+def _slice(study):
+    from optuna.visualization.matplotlib import plot_slice
+
+    return plot_slice(study)
+
+
+def _importances(study: optuna.Study) -> dict | None:
+    try:
+        return dict(optuna.importance.get_param_importances(study))
+    except Exception:  # noqa: BLE001 - one parameter, identical values: nothing to rank, no failure
+        return None
+
+
+def _replace_text(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)

@@ -1,0 +1,347 @@
+"""Hyperparameter sweeps with Optuna: `python finetune/sweep.py --sweep_config sweep.yaml [training flags]`
+(also `python -m finetune.sweep`, `accelerate launch finetune/sweep.py`, `torchrun`). See docs/sweeps.md.
+
+Workers. The same command started N times (processes, Slurm array tasks, nodes) is N workers of one
+study (Optuna storage: a journal file in --output_dir by default, or --storage URL). A worker loops:
+look for a trial (under a flock of the output folder, so two workers never take the same one), run it
+as an ordinary run in `<output_dir>/trial-<n>/`, tell the study; it stops once the study holds n_trials
+finished trials (complete, pruned, failed), or every one left is running in another worker.
+
+Killed workers (studies/claims.py). Rank 0 of the worker holds the trial folder's claim (pid, host) from
+asking until telling. A RUNNING trial whose claim is dead is adopted by the next worker that looks: the
+same params, the same folder, `--resume_from_checkpoint auto` (the run's exact resume; a run that had
+finished is read back), then told once. Not Optuna's heartbeat: the journal storage has none, and its
+retries are new trials in new folders that could not resume the old one's checkpoints.
+
+DDP. Under a launcher with several processes every trial is a DDP run: rank 0 alone talks to the study
+and broadcasts each trial's (number, params) to the others; all ranks train it. The process group is
+made before the first trial and kept between trials (each run's close() would destroy it).
+
+Pruning. `--pruner` uses the run's own evaluations: `Run.on_evaluation` reports (step, value) and asks
+Optuna whether to prune; rank 0 decides and broadcasts it, so every rank stops at the same step. A pruned
+trial's run ends as early stopping ends one (what it wrote is kept) and is told PRUNED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import optuna
+import torch
+from optuna.trial import TrialState
+
+from finetune.config.parser import parse_config
+from finetune.config.resolved import choose_metric
+from finetune.config.train_config import TrainConfig
+from finetune.data.splits import load_splits
+from finetune.distributed.accelerator import fresh_accelerate_state
+from finetune.distributed.ranks import launcher_rank, launcher_world_size, say_once
+from finetune.errors import ConfigError, Stopped, TrainingFailed, TrainingInterrupted
+from finetune.output.tracking import trackers_for
+from finetune.run import run_config, setup
+from finetune.studies import claims
+from finetune.studies.report import FINISHED, export_best, trial_folder, write_report
+from finetune.studies.sweep_config import Param, SweepSpec, grid_of, read_sweep_config
+
+DEFAULT_STUDY = "finetune-sweep"
+"""One fixed name, so N identical commands share one study."""
+JOURNAL_FILE = "optuna-journal.log"
+
+
+def sweep_cli(argv: list[str] | None = None, build=None) -> int:
+    """Collective: the sweep's command line; a mistake is one `error:` line on stderr (exit 2), a failed
+    trial is not (it is recorded and the sweep goes on). `build`: run_config's hook, wrapped per trial."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # as finetune/cli.py: raise, stop at a step
+        previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+                    signal.SIGTERM: signal.signal(signal.SIGTERM, _stop)}  # fmt: skip
+    try:
+        sweep_main(argv, build)
+    except (ConfigError, TrainingFailed) as error:
+        if "--debug" in argv:
+            raise
+        say_once(f"error: {error}")
+        return 2 if isinstance(error, ConfigError) else 1
+    except TrainingInterrupted as stopped:
+        return stopped.exit_code  # the run said where its checkpoint is; a worker resumes the trial
+    except (KeyboardInterrupt, Stopped) as stopped:
+        say_once("error: the sweep was stopped; start the same command again to go on (the trial resumes)")
+        return stopped.exit_code if isinstance(stopped, Stopped) else 130
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 0
+
+
+def _stop(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
+def sweep_main(argv: list[str] | None = None, build=None) -> dict:
+    """Collective: the sweep for Python callers; returns sweep.json's content (rank 0; {} elsewhere)."""
+    parser = argparse.ArgumentParser(prog="finetune/sweep.py", allow_abbrev=False, add_help=False)
+    parser.add_argument("--sweep_config")
+    parser.add_argument("--study_name", default=DEFAULT_STUDY)
+    parser.add_argument("--storage", default=None)
+    options, training_argv = parser.parse_known_args(argv)
+    if not options.sweep_config:
+        raise ConfigError("--sweep_config is missing; give the sweep's YAML file (see docs/sweeps.md)")
+    spec = read_sweep_config(options.sweep_config)
+    base = parse_config(training_argv)
+    return run_sweep(base, spec, options.study_name, options.storage, build)
+
+
+def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str = DEFAULT_STUDY, storage: str | None = None,
+              build=None) -> dict:  # fmt: skip
+    """Collective: this worker's part of the study; every check (metric, study) before any trial."""
+    metric, greater_is_better = objective(base)
+    root = Path(base.output_dir)
+    if launcher_world_size() > 1:  # the group the trials' broadcasts need, before the first Accelerator
+        from accelerate import PartialState
+
+        PartialState(cpu=not torch.cuda.is_available())
+    direction = "maximize" if greater_is_better else "minimize"
+    study = _on_rank_zero(lambda: open_study(spec, study_name, storage, direction, root))
+    if "wandb" in trackers_for(base.report_to):
+        os.environ.setdefault("WANDB_RUN_GROUP", study_name)  # one W&B group per study, one run per trial
+    summary = {"study_name": study_name, "storage": storage or str(root / JOURNAL_FILE), "metric": metric,
+               "direction": direction, "n_trials": spec.n_trials}  # fmt: skip
+    report = {}
+    try:
+        while True:
+            asked = _next_trial(study, spec, root) if study is not None else None
+            trial = None if asked is None else asked[0]
+            job = _share(None if asked is None else (trial.number, asked[1]))
+            if job is None:
+                break
+            outcome = run_trial(base, *job, metric, trial, build)  # collective
+            if study is not None:
+                report = _tell(study, trial, job[1], outcome, root, summary, spec.n_trials)
+    finally:
+        if launcher_world_size() > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    return report
+
+
+def objective(base: TrainConfig) -> tuple[str, bool]:
+    """The metric each trial is judged by and whether greater is better: the run's own choice
+    (choose_metric, with its error for a metric the task does not produce), from the data's splits."""
+    if not base.evaluates_training:
+        raise ConfigError(
+            "--eval_strategy no: a sweep judges each trial by its evaluations; set --eval_strategy steps "
+            "(--eval_steps N, which pruning also uses) or epoch",
+            flag="--eval_strategy",
+        )
+    task, splits = load_splits(base)
+    chosen = choose_metric(base, task, splits)
+    return chosen["metric_for_best_model"], chosen["greater_is_better"]
+
+
+def open_study(spec: SweepSpec, name: str, storage: str | None, direction: str, root: Path) -> optuna.Study:
+    """Creates the study or joins it (same name, same storage); refuses one that optimizes the other way."""
+    if storage is None:
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        root.mkdir(parents=True, exist_ok=True)
+        storage = JournalStorage(JournalFileBackend(str(root / JOURNAL_FILE)))
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per trial is ours to print
+    try:
+        study = optuna.create_study(
+            study_name=name,
+            storage=storage,
+            sampler=sampler_for(spec),
+            pruner=pruner_for(spec),
+            direction=direction,
+            load_if_exists=True,
+        )
+    except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as error:
+        raise ConfigError(
+            f"--storage {storage}: Optuna cannot open it ({error}); give a URL such as "
+            "sqlite:///sweep.db, or leave --storage out for a journal file",
+            flag="--storage",
+        ) from None
+    if study.direction.name.lower() != direction:
+        raise ConfigError(
+            f"--study_name {name}: that study is to {study.direction.name.lower()}, this sweep's metric is "
+            f"to {direction} (--metric_for_best_model / --greater_is_better); use another --study_name",
+            flag="--study_name",
+        )
+    return study
+
+
+def sampler_for(spec: SweepSpec, trial_number: int | None = None) -> optuna.samplers.BaseSampler:
+    """Optuna's sampler. tpe and random are seeded by (seed, trial number): workers asking at the same
+    moment draw different params, and one worker's study is reproducible."""
+    if spec.sampler == "grid":
+        return optuna.samplers.GridSampler({p.name: grid_of(p) for p in spec.search_space}, seed=spec.seed)
+    seed = None if spec.seed is None else spec.seed + 1_000_003 * (trial_number or 0)
+    return (
+        optuna.samplers.TPESampler(seed=seed)
+        if spec.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed)
+    )
+
+
+def pruner_for(spec: SweepSpec) -> optuna.pruners.BasePruner:
+    if spec.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=spec.pruner_startup_trials)
+    if spec.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    return optuna.pruners.NopPruner()
+
+
+def suggest(trial: optuna.Trial, param: Param):
+    """The trial's value of one flag (an adopted trial's recorded value: Optuna returns it again)."""
+    if param.type == "categorical":
+        return trial.suggest_categorical(param.name, list(param.choices))
+    if param.type == "int":
+        return trial.suggest_int(param.name, int(param.low), int(param.high), step=int(param.step or 1),
+                                 log=param.log)  # fmt: skip
+    return trial.suggest_float(param.name, param.low, param.high, step=param.step, log=param.log)
+
+
+def _next_trial(study: optuna.Study, spec: SweepSpec, root: Path) -> tuple[optuna.Trial, dict] | None:
+    """Rank 0: a dead worker's RUNNING trial (adopted), else a new one, with its params; None when the
+    study has its n_trials (or the rest run in live workers)."""
+    with claims.one_worker_at_a_time(root):
+        while True:
+            trials = study.get_trials(deepcopy=False)
+            if sum(t.state in FINISHED for t in trials) >= spec.n_trials:
+                return None
+            running = (t for t in trials if t.state == TrialState.RUNNING)
+            adopted = next((t for t in running if claims.claim(trial_folder(root, t.number))), None)
+            if adopted is not None:
+                print(f"trial {adopted.number}: its worker is gone; resuming it here", flush=True)
+                trial = optuna.Trial(study, adopted._trial_id)
+            elif len(trials) >= spec.n_trials:
+                return None
+            else:
+                trial = study.ask()
+                if spec.sampler != "grid":  # before the suggest_* calls, which draw the values
+                    study.sampler = sampler_for(spec, trial.number)
+                if not claims.claim(trial_folder(root, trial.number)):
+                    continue  # a worker on another host adopted it between ask and claim: it runs it
+            return trial, {p.name: suggest(trial, p) for p in spec.search_space}
+
+
+def run_trial(base: TrainConfig, number: int, params: dict, metric: str, trial, build=None) -> dict:
+    """Collective: one trial as an ordinary run in its folder; its outcome (state, value or reason).
+    `trial` is rank 0's optuna.Trial (None on the other ranks)."""
+    folder = trial_folder(Path(base.output_dir), number)
+    pruned_at = []
+
+    def on_evaluation(step: int, evaluation: dict) -> bool:
+        """Collective: rank 0 reports and asks Optuna; every rank gets its answer."""
+        prune = False
+        if trial is not None:
+            trial.report(float(evaluation[metric]), step)
+            prune = trial.should_prune()
+            if prune:
+                print(f"trial {number}: pruned at the evaluation of step {step} ({metric} "
+                      f"{evaluation[metric]:.4f})", flush=True)  # fmt: skip
+        if _share(prune):
+            pruned_at.append(step)
+            return True
+        return False
+
+    def build_trial(args, identity):
+        run = (build or setup)(args, identity)
+        run.on_evaluation = on_evaluation
+        _keep_process_group(run.accelerator)
+        return run
+
+    heartbeat = claims.Heartbeat(folder) if trial is not None else contextlib.nullcontext()
+    try:
+        with heartbeat:
+            results = run_config(trial_config(base, params, folder, number), build_trial)
+    except (ConfigError, TrainingFailed) as error:
+        return {"state": TrialState.FAIL, "reason": str(error)}
+    finally:
+        fresh_accelerate_state()  # every rank: the next trial's Accelerator starts afresh
+    if pruned_at:
+        return {"state": TrialState.PRUNED, "pruned_at_step": pruned_at[-1]}
+    return {"state": TrialState.COMPLETE, "value": float(results[metric])}
+
+
+def trial_config(base: TrainConfig, params: dict, folder: Path, number: int) -> TrainConfig:
+    """The base flags with the trial's params, in its folder, resuming whatever a killed worker left.
+    A bad value is the ConfigError of the run's own checks (the trial fails, the sweep goes on)."""
+    named = {"run_name": f"{base.run_name or 'trial'}-{number}"} if base.report_to != "none" else {}
+    config = dataclasses.replace(
+        base, **params, **named, output_dir=str(folder), resume_from_checkpoint="auto"
+    )
+    # The model card's command: the flags given plus the trial's.
+    object.__setattr__(config, "user_flags", {**getattr(base, "user_flags", {}), **params})
+    return config
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, params: dict, outcome: dict, root: Path, summary: dict,
+          n_trials: int) -> dict:  # fmt: skip
+    """Rank 0: the outcome into the study (once), the claim released, sweep.json rewritten; the best
+    model exported once the study has its n_trials finished trials."""
+    state, folder = outcome["state"], trial_folder(root, trial.number)
+    for key in ("reason", "pruned_at_step"):
+        if key in outcome:
+            trial.set_user_attr(key, outcome[key])
+    told = next(t.state for t in study.get_trials(deepcopy=False) if t.number == trial.number)
+    if told != TrialState.RUNNING:  # never counted twice
+        print(f"trial {trial.number}: already told ({told.name}); not told again")
+    else:
+        # GridSampler.after_trial calls study.stop() once the grid is done, which raises outside
+        # study.optimize; Optuna stores the outcome first (in a finally), so it is told all the same.
+        with contextlib.suppress(RuntimeError):
+            study.tell(trial, outcome.get("value"), state=None if state == TrialState.COMPLETE else state)
+    claims.release(folder)
+    said = f"{summary['metric']} {outcome['value']:.4f}" if "value" in outcome else outcome.get("reason", "")
+    step = f" at step {outcome['pruned_at_step']}" if "pruned_at_step" in outcome else ""
+    print(f"trial {trial.number} {state.name}{step}: {said} {params}", flush=True)
+    report = write_report(study, root, summary)
+    if sum(t["state"] in ("COMPLETE", "PRUNED", "FAIL") for t in report["trials"]) >= n_trials:
+        best = export_best(study, root)
+        if best is not None:
+            print(f"sweep done: best trial {best} ({report['best_trial']['value']}): {root.resolve()}")
+    return report
+
+
+def _keep_process_group(accelerator) -> None:
+    """close() ends a run with end_training, which also destroys the process group; a sweep's next trial
+    needs it (a group made again in the same job can read the first one's stale addresses from the
+    launcher's store), so here it ends only the trackers, and run_sweep destroys the group at its end."""
+
+    def end_training():
+        for tracker in accelerator.trackers:
+            tracker.finish()
+
+    accelerator.end_training = end_training
+
+
+def _share(value):
+    """Collective: rank 0's `value` on every rank (as is with one process)."""
+    if launcher_world_size() == 1 or not torch.distributed.is_initialized():
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _on_rank_zero(make):
+    """Collective: `make()` on rank 0 (None elsewhere); its ConfigError is raised on every rank."""
+    value, problem = None, None
+    if launcher_rank() == 0:
+        try:
+            value = make()
+        except ConfigError as error:
+            problem = (str(error), error.flag, error.fix)
+    problem = _share(problem)
+    if problem is not None:
+        raise ConfigError(problem[0], flag=problem[1], fix=problem[2])
+    return value

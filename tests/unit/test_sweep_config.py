@@ -1,0 +1,72 @@
+"""The sweep's YAML file (finetune/studies/sweep_config.py): read into a SweepSpec, every bad input one
+ConfigError naming --sweep_config, before any trial."""
+
+import pytest
+
+from finetune.errors import ConfigError
+from finetune.studies.sweep_config import Param, grid_of, read_sweep_config
+
+GOOD = """
+n_trials: 6
+sampler: tpe          # tpe | random | grid
+seed: 0
+pruner: median        # none | median | hyperband
+search_space:
+  learning_rate: {type: float, low: 1.0e-5, high: 1.0e-3, log: true}
+  per_device_train_batch_size: {type: categorical, choices: [16, 32]}
+  warmup_ratio: {type: float, low: 0.0, high: 0.2}
+  gradient_accumulation_steps: {type: int, low: 1, high: 4, step: 1}
+"""
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_the_documented_file_reads_as_written(tmp_path):
+    spec = read_sweep_config(write(tmp_path, GOOD))
+    assert (spec.n_trials, spec.sampler, spec.seed, spec.pruner) == (6, "tpe", 0, "median")
+    assert spec.search_space[0] == Param("learning_rate", "float", 1e-5, 1e-3, log=True)
+    assert spec.search_space[1].choices == (16, 32)
+    assert grid_of(spec.search_space[3]) == [1, 2, 3, 4]
+    # 1e-5 without a dot is a string to PyYAML: still a number here.
+    spec = read_sweep_config(write(tmp_path, GOOD.replace("1.0e-5", "1e-5")))
+    assert spec.search_space[0].low == 1e-5
+
+
+BAD = {
+    "unknown flag": ("learning_rate:", "learning_rte:", "--learning_rte is not a training flag"),
+    "low above high": ("low: 0.0, high: 0.2", "low: 0.3, high: 0.2", "low 0.3 is above high 0.2"),
+    "unknown type": ("type: int", "type: integer", "type must be one of float, int, categorical"),
+    "unknown sampler": ("sampler: tpe", "sampler: cmaes", "sampler must be one of tpe, random, grid"),
+    "unknown pruner": ("pruner: median", "pruner: asha", "pruner must be one of none, median, hyperband"),
+    "unknown top key": ("seed: 0", "seeds: 0", "unknown key(s) seeds"),
+    "unknown param key": ("step: 1}", "stride: 1}", "unknown key(s) stride for type int"),
+    "no trials": ("n_trials: 6", "n_trials: 0", "n_trials must be a whole number of at least 1"),
+    "log from zero": ("low: 1.0e-5", "low: 0", "log needs low above 0"),
+    "float for an int flag": ("type: int, low: 1", "type: float, low: 1", "is not a float flag"),
+    "empty choices": ("choices: [16, 32]", "choices: []", "choices must be a non-empty list"),
+    "flag the sweep sets": ("warmup_ratio:", "output_dir:", "the sweep sets --output_dir itself"),
+    "grid over a float range": ("sampler: tpe", "sampler: grid", "sampler grid needs finite choices"),
+    "not a number": ("high: 0.2", "high: lots", "high must be a number"),
+}
+
+
+@pytest.mark.parametrize("case", BAD.values(), ids=BAD.keys())
+def test_each_bad_input_is_one_config_error_naming_the_flag(case, tmp_path):
+    old, new, message = case
+    assert old in GOOD
+    with pytest.raises(ConfigError) as error:
+        read_sweep_config(write(tmp_path, GOOD.replace(old, new, 1)))
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert error.value.flag == "--sweep_config" and error.value.fix
+
+
+def test_a_missing_or_broken_file_is_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read it") as error:
+        read_sweep_config(str(tmp_path / "absent.yaml"))
+    assert error.value.flag == "--sweep_config"
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        read_sweep_config(write(tmp_path, "n_trials: [1"))
