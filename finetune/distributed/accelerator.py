@@ -109,3 +109,11 @@ def fresh_accelerate_state() -> None:
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
+
+
+def leave_process_group() -> None:
+    """Collective: a study's runs kept the launcher's process group (`run_config(keep_process_group=True)`:
+    one made again in the same job can read the first one's stale addresses from the launcher's store);
+    at the study's end every rank leaves it together."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -17,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from finetune.config.train_config import TrainConfig
-from finetune.distributed.accelerator import fresh_accelerate_state
+from finetune.distributed.accelerator import fresh_accelerate_state, leave_process_group
 from finetune.distributed.ranks import launcher_rank
 from finetune.errors import ConfigError
 from finetune.output.plots import plot_seed_curves
@@ -70,14 +70,6 @@ def seed_config(config: TrainConfig, seed: int) -> TrainConfig:
         output_dir=str(output_dir / f"seed-{seed}"),
         run_name=f"{config.run_name or output_dir.name}-seed-{seed}",
     )
-
-
-def leave_process_group() -> None:
-    """Collective: the study's runs kept the launcher's process group; the last one out closes it."""
-    import torch.distributed
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 def refuse_single_run_folder(output_dir: Path) -> None:

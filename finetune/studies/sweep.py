@@ -15,7 +15,7 @@ retries are new trials in new folders that could not resume the old one's checkp
 
 DDP. Under a launcher with several processes every trial is a DDP run: rank 0 alone talks to the study
 and broadcasts each trial's (number, params) to the others; all ranks train it. The process group is
-made before the first trial and kept between trials (each run's close() would destroy it).
+made before the first trial and kept between trials (`run_config(keep_process_group=True)`).
 
 Pruning. `--pruner` uses the run's own evaluations: `Run.on_evaluation` reports (step, value) and asks
 Optuna whether to prune; rank 0 decides and broadcasts it, so every rank stops at the same step. A pruned
@@ -41,12 +41,13 @@ from finetune.config.parser import parse_config
 from finetune.config.resolved import choose_metric
 from finetune.config.train_config import TrainConfig
 from finetune.data.splits import load_splits
-from finetune.distributed.accelerator import fresh_accelerate_state
+from finetune.distributed.accelerator import fresh_accelerate_state, leave_process_group
 from finetune.distributed.ranks import launcher_rank, launcher_world_size, say_once
 from finetune.errors import ConfigError, Stopped, TrainingFailed, TrainingInterrupted
 from finetune.output.tracking import trackers_for
 from finetune.run import run_config, setup
 from finetune.studies import claims
+from finetune.studies.best_seeds import rerun_best, take_rerun
 from finetune.studies.report import FINISHED, export_best, trial_folder, write_report
 from finetune.studies.sweep_config import Param, SweepSpec, grid_of, read_sweep_config
 
@@ -91,17 +92,23 @@ def sweep_main(argv: list[str] | None = None, build=None) -> dict:
     parser.add_argument("--sweep_config")
     parser.add_argument("--study_name", default=DEFAULT_STUDY)
     parser.add_argument("--storage", default=None)
+    parser.add_argument("--rerun_best_with_seeds", type=int, default=0)
     options, training_argv = parser.parse_known_args(argv)
     if not options.sweep_config:
         raise ConfigError("--sweep_config is missing; give the sweep's YAML file (see docs/sweeps.md)")
     spec = read_sweep_config(options.sweep_config)
     base = parse_config(training_argv)
-    return run_sweep(base, spec, options.study_name, options.storage, build)
+    if options.rerun_best_with_seeds < 0:
+        raise ConfigError(
+            f"--rerun_best_with_seeds must be a number of seeds, got {options.rerun_best_with_seeds}"
+        )
+    return run_sweep(base, spec, options.study_name, options.storage, build, options.rerun_best_with_seeds)
 
 
 def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str = DEFAULT_STUDY, storage: str | None = None,
-              build=None) -> dict:  # fmt: skip
-    """Collective: this worker's part of the study; every check (metric, study) before any trial."""
+              build=None, rerun_best_with_seeds: int = 0) -> dict:  # fmt: skip
+    """Collective: this worker's part of the study; every check (metric, study) before any trial; then,
+    by the one worker that finds the study finished first, the best params over fresh seeds."""
     metric, greater_is_better = objective(base)
     root = Path(base.output_dir)
     if launcher_world_size() > 1:  # the group the trials' broadcasts need, before the first Accelerator
@@ -125,9 +132,12 @@ def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str = DEFAULT_STUD
             outcome = run_trial(base, *job, metric, trial, build)  # collective
             if study is not None:
                 report = _tell(study, trial, job[1], outcome, root, summary, spec.n_trials)
+        rerun = take_rerun(study, spec.n_trials, root, rerun_best_with_seeds) if study is not None else None
+        params = _share(rerun)
+        if params is not None:
+            report["rerun_best_with_seeds"] = rerun_best(base, params, rerun_best_with_seeds, build)
     finally:
-        if launcher_world_size() > 1 and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        leave_process_group()
     return report
 
 
@@ -256,13 +266,14 @@ def run_trial(base: TrainConfig, number: int, params: dict, metric: str, trial, 
     def build_trial(args, identity):
         run = (build or setup)(args, identity)
         run.on_evaluation = on_evaluation
-        _keep_process_group(run.accelerator)
         return run
 
     heartbeat = claims.Heartbeat(folder) if trial is not None else contextlib.nullcontext()
     try:
         with heartbeat:
-            results = run_config(trial_config(base, params, folder, number), build_trial)
+            results = run_config(
+                trial_config(base, params, folder, number), build_trial, keep_process_group=True
+            )
     except (ConfigError, TrainingFailed) as error:
         return {"state": TrialState.FAIL, "reason": str(error)}
     finally:
@@ -310,18 +321,6 @@ def _tell(study: optuna.Study, trial: optuna.Trial, params: dict, outcome: dict,
         if best is not None:
             print(f"sweep done: best trial {best} ({report['best_trial']['value']}): {root.resolve()}")
     return report
-
-
-def _keep_process_group(accelerator) -> None:
-    """close() ends a run with end_training, which also destroys the process group; a sweep's next trial
-    needs it (a group made again in the same job can read the first one's stale addresses from the
-    launcher's store), so here it ends only the trackers, and run_sweep destroys the group at its end."""
-
-    def end_training():
-        for tracker in accelerator.trackers:
-            tracker.finish()
-
-    accelerator.end_training = end_training
 
 
 def _share(value):

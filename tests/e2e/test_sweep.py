@@ -92,12 +92,23 @@ def test_pruned_and_failed_trials_on_sqlite_and_refusals_before_any_trial(
     memorized = {"train": nli_files["train"], "validation": nli_files["train"]}
     base = tiny_args(tiny_model_dir, memorized, out, *TRIAL, "--max_eval_samples", "64",
                      "--metric_for_best_model", "eval_loss")  # fmt: skip
-    sweep_main(["--sweep_config", config, *storage, *base])
+    sweep_main(["--sweep_config", config, *storage, *base, "--rerun_best_with_seeds", "2"])
+    reset_accelerate()
     by_number = {t["number"]: t for t in report(out)["trials"]}
     assert [by_number[n]["state"] for n in range(4)] == ["COMPLETE", "FAIL", "FAIL", "PRUNED"]
     assert "--per_device_train_batch_size" in by_number[1]["reason"]
     assert by_number[3]["pruned_at_step"] == 2 and by_number[3]["params"]["learning_rate"] == 1e-9
     assert report(out)["best_trial"]["number"] == 0 and report(out)["direction"] == "minimize"
+    # The honest number: the best params again with fresh seeds (the base --seed 42 + 1, + 2).
+    rerun = json.loads((out / "best_seeds" / "summary.json").read_text())
+    assert rerun["seeds"] == [43, 44] and report(out)["rerun_best_with_seeds"]["seeds"] == [43, 44]
+    for seed in (43, 44):
+        trained = json.loads((out / "best_seeds" / f"seed-{seed}" / "train_config.json").read_text())
+        assert (trained["learning_rate"], trained["per_device_train_batch_size"], trained["seed"]) == (
+            1e-2,
+            16,
+            seed,
+        )
 
     # Checked before any trial: the direction of the study joined, a metric the task does not produce.
     for flags, flag in ((["--greater_is_better", "true"], "--study_name"),
@@ -116,7 +127,7 @@ def test_ddp_trials_train_the_same_params_on_both_ranks(tiny_model_dir, nli_file
     accelerate = os.path.join(os.path.dirname(PYTHON), "accelerate")
     launcher = [accelerate, "launch", "--config_file", "accelerate_configs/cpu_multiprocess.yaml",
                 "--main_process_port", str(free_port())]  # fmt: skip
-    done = run_cli([*launcher, "finetune/sweep.py", "--sweep_config", config,
+    done = run_cli([*launcher, "finetune/sweep.py", "--sweep_config", config, "--rerun_best_with_seeds", "1",
                     *tiny_args(tiny_model_dir, nli_files, out, *TRIAL)])  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     trials = report(out)["trials"]
@@ -127,3 +138,7 @@ def test_ddp_trials_train_the_same_params_on_both_ranks(tiny_model_dir, nli_file
         assert results["world_size"] == recorded["world_size"] == 2
         assert recorded["learning_rate"] == trial["params"]["learning_rate"]
         assert results["replicas_identical"]  # a rank with other params would have trained other weights
+    rerun = json.loads((out / "best_seeds" / "seed-43" / "results.json").read_text())
+    assert rerun["world_size"] == 2 and json.loads((out / "best_seeds" / "summary.json").read_text())[
+        "seeds"
+    ] == [43]
