@@ -42,6 +42,7 @@ from finetune.speed.compile import compile_cache_line, compile_counts
 from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
 from finetune.training.best import best_model_step, load_best_model, stopped_early
+from finetune.training.calibrate import calibrate_model, check_calibration
 from finetune.training.checkpoint import (
     BEST_MODEL_DIR,
     TrainState,
@@ -92,6 +93,7 @@ def predict_with_finished(args: TrainConfig, finished: dict, build=None) -> dict
         resume_from_checkpoint=None,
         overwrite_output_dir=True,
         use_peft=False,  # the root holds the merged model
+        calibrate="none",  # and its head is calibrated already
         early_stopping_patience=None,
         validation_split_percentage=None,  # no training rows to carve from
         report_to="none",
@@ -131,6 +133,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
 
     task, splits = load_splits(args)
     metric = choose_metric(args, task, splits)  # before the model loads
+    check_calibration(args, task, splits)
     model, tokenizer, backbone, speed = build_model(args, task, accelerator, loading, bf16_native)
     parameters = parameter_counts(model)  # before prepare: FSDP shards them
     on_gpu = accelerator.device.type == "cuda"
@@ -236,6 +239,7 @@ def execute(run: Run) -> dict:
         finally:
             stop.restore()
         exported = use_best_model(run)  # collective: the evaluation of the model exported below
+        calibration = calibrate_model(run) if config.calibrate != "none" else {}  # collective
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
         if config.torch_compile and accelerator.is_main_process:
             print(compile_cache_line(compiled_before))  # whether this run reused earlier compiled code
@@ -256,6 +260,7 @@ def execute(run: Run) -> dict:
             "best_metric": state.best_metric,
             "best_step": state.best_step,
             **training_outcome(run, exported),
+            **calibration,
         }
     elif run.eval_loaders:
         results = evaluate_splits(

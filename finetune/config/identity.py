@@ -30,6 +30,8 @@ IDENTITY_FLAGS = (
     # evaluations: they pick the exported model and stop training early
     "do_train", "eval_strategy", "eval_steps", "metric_for_best_model", "greater_is_better",
     "load_best_model_at_end", "early_stopping_patience", "early_stopping_threshold", "multi_label_threshold",
+    # the exported model: --calibrate rescales its head
+    "calibrate",
 )  # fmt: skip
 
 _SOURCE = "in training_data / validation_data: the rows' content, wherever they are read from"
@@ -103,9 +105,15 @@ def run_identity(config: TrainConfig, world_size: int) -> dict:
     }
 
 
+# Flags added to the identity after runs were recorded without them: what such a run had (the behaviour
+# before the flag), so a finished uncalibrated run is not taken for a calibrated one.
+ADDED_LATER = {"calibrate": "none"}
+
+
 def differences(saved: dict, now: dict) -> list[str]:
-    """The entries of two identities that differ, in identity order; an entry either lacks is skipped
-    (recorded before it was part of the identity)."""
+    """The entries of two identities that differ, in identity order; an entry `saved` lacks (recorded
+    before it was part of the identity) is skipped, or compared as its ADDED_LATER value."""
+    saved = {**{k: v for k, v in ADDED_LATER.items() if k in now}, **saved}
     return [key for key in now if key in saved and saved[key] != now[key]]
 
 

@@ -17,7 +17,7 @@ class Resolved:
     metric_for_best_model: str | None
     """--metric_for_best_model, or the task's first metric (None: nothing is evaluated)."""
     greater_is_better: bool | None
-    """--greater_is_better, or false for a loss and true for any other metric."""
+    """--greater_is_better, or false for a loss, ECE and Brier, and true for any other metric."""
     attn_implementation: str | None
     """transformers' choice of attention kernel for the model, unless --attn_implementation named one."""
     dropout_kernel: str
@@ -53,7 +53,7 @@ def choose_metric(config: TrainConfig, task: Task, splits: dict) -> dict:
     """--metric_for_best_model (default: the task's first metric) and --greater_is_better, checked
     against what this run's evaluation produces; before the model loads."""
     splits_measured = [s for s in task.validation_splits if s in splits]
-    metrics = (*task.metrics, *task.per_class_metrics, "loss")
+    metrics = (*task.metrics, *task.per_class_metrics, *task.calibration_metrics, "loss")
     measured = [eval_key(s, m) for s in splits_measured for m in metrics]
     measured += ["eval_loss"] if "eval_loss" not in measured else []  # over every split's rows
     metric = config.metric_for_best_model or (measured[0] if measured else None)

@@ -85,6 +85,13 @@ def check_across_groups(config: TrainConfig) -> None:
             "--torch_dtype float16: fp16 weights train unstably (no fp32 master copy, gradients the "
             "loss scaler can't unscale); use float32 with --mixed_precision fp16, or bfloat16"
         )
+    if config.calibrate != "none" and not config.do_train:
+        raise ConfigError(
+            f"--calibrate {config.calibrate} fits the trained model; --do_train false trains nothing: "
+            "drop --calibrate (a calibrated run's exported model stays calibrated)",
+            flag="--calibrate",
+            fix="drop --calibrate",
+        )
     if config.use_peft and not config.do_train:
         raise ConfigError(
             "--use_peft trains new adapters, --do_train false trains nothing: evaluate a LoRA run's "
@@ -132,8 +139,10 @@ def flag_help() -> dict[str, str]:
 
 
 def greater_is_better_default(metric: str) -> bool:
-    """Hugging Face Trainer's rule: a loss is better smaller, any other metric larger."""
-    return not metric.endswith("loss")
+    """Hugging Face Trainer's rule, a loss is better smaller and any other metric larger, with the
+    calibration errors (eval_ece, eval_brier, eval_matched_ece, eval_ece_<label>...) smaller too."""
+    name = metric.removeprefix("eval_").removeprefix("matched_").removeprefix("mismatched_")
+    return not (metric.endswith("loss") or name.split("_")[0] in ("ece", "brier"))
 
 
 def default_of(f: dataclasses.Field):

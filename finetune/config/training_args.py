@@ -9,6 +9,7 @@ from typing import Literal
 from finetune.errors import ConfigError
 
 EvalStrategy = Literal["no", "steps", "epoch"]
+Calibration = Literal["none", "temperature"]
 # The schedules `get_scheduler` builds from warmup and total steps alone; the others need arguments
 # this loop does not pass (cosine_with_min_lr, warmup_stable_decay) or a metric (reduce_lr_on_plateau).
 LrSchedulerType = Literal[
@@ -137,9 +138,12 @@ class EvaluationArgs:
     """Evaluation metric that picks the best model, kept in output_dir/best_model: eval_loss or a task metric;
     default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for CoLA). Custom
     classification: eval_accuracy, eval_f1_macro or a class's eval_precision_<label>, eval_recall_<label>,
-    eval_f1_<label>, eval_support_<label>; multi-label: eval_f1_micro, eval_f1_macro, eval_exact_match."""
+    eval_f1_<label>, eval_support_<label>; multi-label: eval_f1_micro, eval_f1_macro, eval_exact_match. Every
+classification task also: eval_ece (expected calibration error) and eval_brier (Brier score), per label
+for multi-label (eval_ece_<label>, eval_brier_<label>)."""
     greater_is_better: bool | None = None
-    """Whether a larger --metric_for_best_model is better; default: false for a loss, else true."""
+    """Whether a larger --metric_for_best_model is better; default: false for a loss, eval_ece and eval_brier,
+    else true."""
     load_best_model_at_end: bool | None = None
     """Export (and predict and push) the best model by --metric_for_best_model instead of the last one;
     default: true whenever the run evaluates."""
@@ -150,6 +154,12 @@ class EvaluationArgs:
     """How much an evaluation must beat the best one by to reset --early_stopping_patience."""
     do_predict: bool = False
     """Write output_dir/predictions.jsonl: label and probabilities for every row of --test_file."""
+    calibrate: Calibration = "none"
+    """temperature: after training (and --load_best_model_at_end), fit one temperature T > 0 on the first
+    validation split's logits (least NLL) and divide the exported model's classification layer by it, so
+    `pipeline`, predictions.jsonl and later evaluations give softmax(logits / T) with the same argmax;
+    results.json gets calibration_temperature and ECE before and after, reliability_diagram.png both.
+    Single-label classification only."""
 
     def __post_init__(self):
         """Checks of this group's flags alone; --load_best_model_at_end defaults to whether it evaluates."""
@@ -173,6 +183,12 @@ class EvaluationArgs:
             raise ConfigError(
                 "--load_best_model_at_end needs evaluations to pick the best model; set --eval_strategy "
                 "steps or epoch, or drop --load_best_model_at_end"
+            )
+        if self.calibrate != "none" and not evaluates:
+            raise ConfigError(
+                f"--calibrate {self.calibrate} fits on the validation rows; set --eval_strategy steps or "
+                "epoch (with validation data), or drop --calibrate",
+                flag="--calibrate",
             )
         if self.load_best_model_at_end is None:
             object.__setattr__(self, "load_best_model_at_end", evaluates)

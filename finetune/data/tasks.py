@@ -42,6 +42,16 @@ class Task:
             return ()
         return tuple(f"{kind}_{name}" for name in self.label_names for kind in PER_CLASS)
 
+    @property
+    def calibration_metrics(self) -> tuple[str, ...]:
+        """Classification's ece and brier (finetune.metrics.calibration); a multi-label task's also per
+        label (ece_<label>, brier_<label>); none for regression. Lower is better."""
+        if self.is_regression:
+            return ()
+        if not self.multi_label:
+            return CALIBRATION
+        return (*CALIBRATION, *(f"{m}_{name}" for name in self.label_names for m in CALIBRATION))
+
     def metric_keys(self, per_class: bool = True) -> list[str]:
         """The keys evaluation writes: eval_<metric>, or eval_<split>_<metric> for MNLI's two sets;
         per_class=False leaves out the per-class ones (curves, the card's headline table)."""
@@ -93,6 +103,9 @@ TASK_CHOICES = (*GLUE_TASKS, "custom")
 
 
 PER_CLASS = ("precision", "recall", "f1", "support")
+
+
+CALIBRATION = ("ece", "brier")
 
 
 def custom_task(

@@ -190,4 +190,11 @@ def _exported_model_line(config: TrainConfig, results: dict) -> list[str]:
         if config.load_best_model_at_end and step == results.get("best_step")
         else "the last step"
     )
-    return [f"- this model: the weights of step {step}, {why}"]
+    line = [f"- this model: the weights of step {step}, {why}"]
+    temperature = results.get("calibration_temperature")
+    if temperature is not None:  # --calibrate temperature
+        line.append(
+            f"- calibrated: its classification layer divides the logits by the temperature T = "
+            f"{temperature:.4f}, fit on the validation rows (least NLL); predictions are unchanged"
+        )
+    return line

@@ -1,4 +1,5 @@
-"""The plots a run leaves: training curves, and the confusion matrix of custom single-label tasks."""
+"""The plots a run leaves: training curves, the confusion matrix of custom single-label tasks, and the
+reliability diagram of --calibrate."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ CURVES_SIZE_PX = (1200, 400)
 
 
 CONFUSION_FILE = "confusion_matrix.png"
+
+
+RELIABILITY_FILE = "reliability_diagram.png"
 
 
 def _confusion(results: dict) -> tuple[str, dict] | None:
@@ -84,6 +88,27 @@ def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str])
         eval_axis.legend(fontsize="small")
     figure.tight_layout()
     figure.savefig(png, dpi=100)  # no bbox_inches: the PNG is exactly CURVES_SIZE_PX
+    plt.close(figure)
+
+
+def plot_reliability_diagram(curves: dict[str, dict], title: str, png) -> None:
+    """Accuracy against mean confidence per confidence bin, one line per entry of `curves` (name: the
+    `finetune.metrics.calibration.reliability_bins` of it; empty bins left out), with the diagonal a
+    calibrated model follows and each bin's share of the rows."""
+    plt = _pyplot()
+    figure, (axis, rows_axis) = plt.subplots(1, 2, figsize=(10, 4.5), dpi=100)
+    axis.plot([0, 1], [0, 1], color="gray", linestyle="--", label="calibrated")
+    for name, bins in curves.items():
+        filled = bins["rows"] > 0
+        axis.plot(bins["confidence"][filled], bins["accuracy"][filled], marker="o", label=name)
+        share = bins["rows"][filled] / bins["rows"].sum()
+        rows_axis.plot(bins["confidence"][filled], share, marker="o", label=name)
+    axis.set(title=title, xlabel="confidence (max softmax probability)", ylabel="accuracy")
+    axis.set(xlim=(0, 1), ylim=(0, 1))
+    axis.legend(fontsize="small")
+    rows_axis.set(title="rows per bin", xlabel="confidence", ylabel="share of rows", xlim=(0, 1))
+    figure.tight_layout()
+    figure.savefig(png, dpi=100)
     plt.close(figure)
 
 

@@ -16,7 +16,7 @@ from finetune.errors import ConfigError
 from finetune.model.loading import TOKENIZER_FILES
 from finetune.model.lora import ADAPTER_DIR
 from finetune.output.card import is_model_card
-from finetune.output.plots import CONFUSION_FILE, CURVES_FILE
+from finetune.output.plots import CONFUSION_FILE, CURVES_FILE, RELIABILITY_FILE
 from finetune.training.checkpoint import BEST_MODEL_DIR, PREFIX, complete_checkpoints
 
 RUN_RECORD = (
@@ -26,6 +26,7 @@ RUN_RECORD = (
     "predictions.jsonl",
     CURVES_FILE,
     CONFUSION_FILE,
+    RELIABILITY_FILE,
 )
 
 

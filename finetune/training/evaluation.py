@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from finetune.data.tasks import Task, eval_key
+from finetune.metrics.calibration import multi_label_calibration, single_label_calibration
 from finetune.metrics.classification import multi_label_scores, single_label_scores
 
 METRICS_DIR = Path(__file__).parents[1] / "metrics"
@@ -58,7 +59,8 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
     results, loss_total, rows = {}, 0.0, 0
     for split, loader in eval_loaders.items():
         scores = evaluate(accelerator, model, loader, metric, task, should_stop)
-        results.update({eval_key(split, m): scores[m] for m in task.metrics + task.per_class_metrics})
+        measured = task.metrics + task.per_class_metrics + task.calibration_metrics
+        results.update({eval_key(split, m): scores[m] for m in measured})
         if "confusion_matrix" in scores:  # rows: true label, columns: predicted; not sent to trackers
             matrix = {"labels": list(task.label_names), "matrix": scores["confusion_matrix"]}
             results[eval_key(split, "confusion_matrix")] = matrix
@@ -73,7 +75,7 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
 def evaluate(accelerator, model, loader, metric, task: Task, should_stop=None) -> dict:
     """Collective: metrics over the whole split, each row counted exactly once across ranks."""
     references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop)
-    scores = _scores(logits, references, metric, task)
+    scores = {**_scores(logits, references, metric, task), **calibration_scores(logits, references, task)}
     # The training loss over the split's rows, from the fp32 logits: eval_loss.
     loss = float(loss_sum(logits, references, task)) / max(len(references), 1)
     return {**scores, "loss": loss, "samples": len(references)}
@@ -88,6 +90,15 @@ def _scores(logits: torch.Tensor, references: torch.Tensor, metric, task: Task) 
     predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(dim=-1)
     scores = metric.compute(predictions=predictions.numpy(), references=references.numpy())
     return {k: float(v) for k, v in scores.items()}
+
+
+def calibration_scores(logits: torch.Tensor, references: torch.Tensor, task: Task) -> dict:
+    """Classification's ece and brier (finetune.metrics.calibration); nothing for regression."""
+    if task.is_regression:
+        return {}
+    if task.multi_label:
+        return multi_label_calibration(logits, references, task.label_names)
+    return single_label_calibration(logits, references)
 
 
 def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]:

@@ -1,0 +1,100 @@
+"""Calibration of classifiers, from fp32 logits (torch, float64 arithmetic): expected calibration error,
+the Brier score, the reliability bins behind both, and the temperature that calibrates a softmax.
+
+- ECE: `ECE_BINS` equal-width bins of the confidence (the largest probability; bin b holds
+  confidences in (b/15, (b+1)/15], the first also 0), and the sum over bins of
+  |accuracy - mean confidence| x (the bin's rows / all rows) (Guo et al., 2017).
+- Brier: the multi-class Brier score, the mean over rows of sum_k (p_k - y_k)^2 with y one-hot
+  (0 to 2; Brier's 1950 definition). Multi-label: each label's sigmoid p as a binary problem, with the
+  binary Brier score mean((p - y)^2) (0 to 1) and ECE over the confidence max(p, 1 - p) of the
+  prediction p >= 0.5; `ece` and `brier` are then the means over labels.
+- Temperature: the T > 0 that minimizes the negative log-likelihood of softmax(logits / T), found by a
+  golden-section search over log T in [log 0.01, log 100] (NLL is convex in 1/T, so unimodal in log T).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+ECE_BINS = 15
+CALIBRATION_METRICS = ("ece", "brier")
+TEMPERATURE_RANGE = (0.01, 100.0)
+_SEARCH_STEPS = 80  # the bracket shrinks by 0.618 per step: 9.2 x 0.618^80 < 1e-15 in log T
+
+
+def reliability_bins(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> dict:
+    """Per equal-width confidence bin: rows, mean confidence and accuracy (0 for an empty bin)."""
+    confidence, correct = confidence.double(), correct.double()
+    index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
+    rows = torch.bincount(index, minlength=bins).double()
+    confidence_sum = torch.bincount(index, weights=confidence, minlength=bins)
+    correct_sum = torch.bincount(index, weights=correct, minlength=bins)
+    filled = rows.clamp(min=1)
+    return {"rows": rows, "confidence": confidence_sum / filled, "accuracy": correct_sum / filled}
+
+
+def ece_of(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """Expected calibration error of predictions made with `confidence`, `correct` (0/1) each."""
+    if len(confidence) == 0:
+        return 0.0
+    found = reliability_bins(confidence, correct, bins)
+    weight = found["rows"] / len(confidence)
+    return float((weight * (found["accuracy"] - found["confidence"]).abs()).sum())
+
+
+def single_label_calibration(logits: torch.Tensor, references: torch.Tensor) -> dict:
+    """`ece` and `brier` (multi-class) of softmax(logits) against class ids."""
+    probabilities = logits.double().softmax(dim=-1)
+    confidence, predicted = probabilities.max(dim=-1)
+    one_hot = F.one_hot(references.long(), probabilities.shape[-1]).double()
+    brier = ((probabilities - one_hot) ** 2).sum(dim=-1).mean() if len(logits) else torch.tensor(0.0)
+    return {"ece": ece_of(confidence, predicted == references), "brier": float(brier)}
+
+
+def multi_label_calibration(logits: torch.Tensor, references: torch.Tensor, names: tuple[str, ...]) -> dict:
+    """Each label's sigmoid as a binary problem: `ece_<label>`, `brier_<label>`; `ece`, `brier` the
+    means over labels."""
+    probabilities, targets = logits.double().sigmoid(), references.double()
+    scores, per_label = {}, {m: [] for m in CALIBRATION_METRICS}
+    for k, name in enumerate(names):
+        p, y = probabilities[:, k], targets[:, k]
+        ece = ece_of(torch.maximum(p, 1 - p), (p >= 0.5).double() == y)
+        brier = float(((p - y) ** 2).mean()) if len(p) else 0.0
+        scores[f"ece_{name}"], scores[f"brier_{name}"] = ece, brier
+        per_label["ece"].append(ece)
+        per_label["brier"].append(brier)
+    scores.update({m: sum(v) / max(len(v), 1) for m, v in per_label.items()})
+    return scores
+
+
+def negative_log_likelihood(logits: torch.Tensor, references: torch.Tensor, temperature: float) -> float:
+    """Mean NLL of softmax(logits / temperature), in float64."""
+    return float(F.cross_entropy(logits.double() / temperature, references.long()))
+
+
+def fit_temperature(logits: torch.Tensor, references: torch.Tensor) -> float:
+    """The temperature T that minimizes the validation NLL of softmax(logits / T): a deterministic
+    golden-section search over log T within TEMPERATURE_RANGE, on the CPU in float64. The same
+    logits give the same T bit for bit on every machine that rounds float64 the same way."""
+    logits, references = logits.detach().cpu().double(), references.detach().cpu().long()
+
+    def nll(log_t: float) -> float:
+        return negative_log_likelihood(logits, references, math.exp(log_t))
+
+    low, high = (math.log(t) for t in TEMPERATURE_RANGE)
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = high - ratio * (high - low), low + ratio * (high - low)
+    nll_a, nll_b = nll(a), nll(b)
+    for _ in range(_SEARCH_STEPS):
+        if nll_a <= nll_b:  # the minimum lies in [low, b]
+            high, b, nll_b = b, a, nll_a
+            a = high - ratio * (high - low)
+            nll_a = nll(a)
+        else:
+            low, a, nll_a = a, b, nll_b
+            b = low + ratio * (high - low)
+            nll_b = nll(b)
+    return math.exp((low + high) / 2)

@@ -1,0 +1,116 @@
+"""Calibration metrics (ECE, Brier) against plain numpy, the temperature fit, T baked into a head."""
+
+import numpy as np
+import pytest
+import torch
+
+from finetune.config.train_config import greater_is_better_default
+from finetune.data.tasks import custom_task
+from finetune.errors import ConfigError
+from finetune.metrics.calibration import fit_temperature, multi_label_calibration, single_label_calibration
+from finetune.training.calibrate import check_calibration, scale_head
+
+
+def numpy_ece(confidence: np.ndarray, correct: np.ndarray, bins: int = 15) -> float:
+    edges = np.linspace(0, 1, bins + 1)
+    total = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        inside = (confidence > lo) & (confidence <= hi)
+        if inside.any():
+            total += inside.mean() * abs(correct[inside].mean() - confidence[inside].mean())
+    return total
+
+
+def softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_single_label_ece_and_brier_match_numpy():
+    rng = np.random.default_rng(0)
+    logits, labels = rng.normal(0, 3, (500, 4)), rng.integers(0, 4, 500)
+    p = softmax(logits)
+    scores = single_label_calibration(torch.tensor(logits, dtype=torch.float32), torch.tensor(labels))
+    expected_ece = numpy_ece(p.max(axis=1), p.argmax(axis=1) == labels)
+    expected_brier = ((p - np.eye(4)[labels]) ** 2).sum(axis=1).mean()
+    assert scores["ece"] == pytest.approx(expected_ece, abs=1e-6)
+    assert scores["brier"] == pytest.approx(expected_brier, abs=1e-6)
+
+
+def test_multi_label_ece_and_brier_match_numpy_per_label_and_averaged():
+    rng = np.random.default_rng(1)
+    logits, labels = rng.normal(0, 2, (400, 3)), rng.integers(0, 2, (400, 3))
+    names = ("a", "b", "c")
+    scores = multi_label_calibration(torch.tensor(logits), torch.tensor(labels), names)
+    p = 1 / (1 + np.exp(-logits))
+    for k, name in enumerate(names):
+        correct = (p[:, k] >= 0.5) == labels[:, k]
+        assert scores[f"ece_{name}"] == pytest.approx(numpy_ece(np.maximum(p[:, k], 1 - p[:, k]), correct))
+        assert scores[f"brier_{name}"] == pytest.approx(((p[:, k] - labels[:, k]) ** 2).mean())
+    assert scores["ece"] == pytest.approx(np.mean([scores[f"ece_{n}"] for n in names]))
+    assert scores["brier"] == pytest.approx(np.mean([scores[f"brier_{n}"] for n in names]))
+
+
+@pytest.mark.parametrize("true_temperature", [0.5, 2.5])
+def test_the_temperature_fit_recovers_a_known_temperature(true_temperature):
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(20_000, 5, generator=generator, dtype=torch.float64) * 2
+    labels = torch.multinomial(z.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+    fitted = fit_temperature((z * true_temperature).float(), labels)
+    assert fitted == pytest.approx(true_temperature, rel=0.05)
+    assert fit_temperature((z * true_temperature).float(), labels) == fitted  # deterministic
+
+
+def test_baking_the_temperature_divides_the_logits(tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir).eval()
+    ids = torch.randint(5, 1000, (4, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        scale_head(model, 1 / 2.5)
+        after = model(input_ids=ids).logits
+    torch.testing.assert_close(after, before / 2.5)
+
+
+def test_baking_into_a_lora_model_carries_into_the_merged_model(tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForSequenceClassification
+
+    base = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir).eval()
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], modules_to_save=["classifier"])
+    model = get_peft_model(base, lora).eval()
+    ids = torch.randint(5, 1000, (4, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        scale_head(model, 1 / 3.0)
+        merged = model.merge_and_unload()
+        torch.testing.assert_close(merged(input_ids=ids).logits, before / 3.0)
+
+
+def test_lower_is_better_for_calibration_errors():
+    for metric in ("eval_ece", "eval_brier", "eval_matched_ece", "eval_ece_sports", "eval_loss"):
+        assert greater_is_better_default(metric) is False, metric
+    for metric in ("eval_accuracy", "eval_f1_ece", "eval_matched_accuracy"):
+        assert greater_is_better_default(metric) is True, metric
+
+
+class Flags:
+    calibrate = "temperature"
+
+
+@pytest.mark.parametrize(
+    "task",
+    [custom_task(("text",), None), custom_task(("text",), ("a", "b"), multi_label=True)],
+    ids=["regression", "multi-label"],
+)
+def test_calibrate_refuses_tasks_it_cannot_calibrate(task):
+    with pytest.raises(ConfigError) as refused:
+        check_calibration(Flags, task, {"validation": []})
+    assert refused.value.flag == "--calibrate" and "drop --calibrate" in refused.value.fix
+
+
+def test_calibrate_refuses_a_run_without_validation_rows():
+    with pytest.raises(ConfigError) as refused:
+        check_calibration(Flags, custom_task(("text",), ("a", "b")), {"train": []})
+    assert refused.value.flag == "--calibrate" and "--validation_file" in refused.value.fix
