@@ -82,3 +82,34 @@ def test_the_pipeline_gives_softmax_of_the_logits_divided_by_t(runs, nli_files):
         [[next(s["score"] for s in row if label[s["label"]] == k) for k in range(3)] for row in scores]
     )
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_two_processes_fit_the_temperature_of_every_row_and_bake_it_on_both(
+    tiny_model_dir, nli_files, tmp_path
+):
+    """2 ranks: the T baked on both (identical replicas) is the T one process fits on the same model's
+    logits of every validation row (151: the ranks' padding rows dropped)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from finetune.metrics.calibration import fit_temperature
+    from tests.e2e.test_distributed import two_process
+
+    out = tmp_path / "out"
+    flags = [*OVERFIT[:-1], "--num_train_epochs", "5", "--calibrate", "temperature"]  # no --do_predict
+    two_process(tiny_args(tiny_model_dir, nli_files, out, *flags))
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["replicas_identical"] is True
+    assert results["eval_matched_samples"] == 151
+    rows = read_jsonl(nli_files["validation"])
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    encoded = tokenizer(
+        [r["premise"] for r in rows], [r["hypothesis"] for r in rows],
+        truncation=True, max_length=64, padding=True, return_tensors="pt",
+    )  # fmt: skip
+    temperature = results["calibration_temperature"]
+    with torch.no_grad():
+        before = model(**encoded).logits * temperature  # the model before baking
+    labels = torch.tensor([r["label"] for r in rows])
+    assert fit_temperature(before, labels) == pytest.approx(temperature, rel=1e-3)

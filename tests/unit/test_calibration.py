@@ -114,3 +114,21 @@ def test_calibrate_refuses_a_run_without_validation_rows():
     with pytest.raises(ConfigError) as refused:
         check_calibration(Flags, custom_task(("text",), ("a", "b")), {"train": []})
     assert refused.value.flag == "--calibrate" and "--validation_file" in refused.value.fix
+
+
+@pytest.mark.parametrize(
+    "flags", [["--eval_strategy", "no"], ["--do_train", "false"]], ids=["no-evaluation", "no-training"]
+)
+def test_calibrate_refuses_runs_that_do_not_train_and_evaluate(flags):
+    from finetune.config.parser import parse_config
+
+    with pytest.raises(ConfigError) as refused:
+        parse_config(["--calibrate", "temperature", *flags])
+    assert refused.value.flag == "--calibrate" and "--calibrate" in refused.value.fix
+
+
+def test_a_run_recorded_before_calibrate_existed_counts_as_uncalibrated():
+    from finetune.config.identity import differences
+
+    assert differences({"seed": 1}, {"seed": 1, "calibrate": "temperature"}) == ["calibrate"]
+    assert differences({"seed": 1}, {"seed": 1, "calibrate": "none"}) == []
