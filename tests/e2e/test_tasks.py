@@ -50,6 +50,8 @@ def test_each_task_shape_trains_and_reports_the_glue_metrics(
     scores = {k: v for k, v in results.items() if k.startswith("eval_")}
     del scores["eval_samples"], scores["eval_runtime_s"]
     assert scores.pop("eval_loss") > 0  # every task reports its loss too
+    if shape != "regression":  # and every classification task its calibration (ECE, multi-class Brier)
+        assert 0 <= scores.pop("eval_ece") <= 1 and 0 <= scores.pop("eval_brier") <= 2
     assert scores.keys() == metrics.keys()
     assert all(scores[k] > floor for k, floor in metrics.items()), scores
     assert results["eval_samples"] == 101
