@@ -9,6 +9,7 @@ is taken over, and its seed runs resume); a folder with a summary is done.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -43,7 +44,9 @@ def rerun_best(base: TrainConfig, params: dict, n_seeds: int, build=None) -> dic
     config = dataclasses.replace(
         base, **params, seeds=seeds, output_dir=str(root / RERUN_DIR), resume_from_checkpoint="auto"
     )
-    summary = run_seeds(config, build)
+    # Rank 0 holds the claim: its heartbeat keeps workers on other hosts from taking the rerun over.
+    with claims.Heartbeat(root / RERUN_DIR) if launcher_rank() == 0 else contextlib.nullcontext():
+        summary = run_seeds(config, build)
     if launcher_rank() == 0:  # the claim's holder
         claims.release(root / RERUN_DIR)
         report = json.loads((root / REPORT_FILE).read_text())
