@@ -115,7 +115,7 @@ def test_preempted_job_requeues_and_ends_bitwise_equal(
 
     job = wait_until(slurm_cluster, job_id, finished, "end after the requeue")
     log = log_of(job)
-    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), log[-4000:]
+    assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-4000:]
     assert (
         f"stopped by SIGTERM after step {PAUSE_AT}; checkpoint saved to {out / f'checkpoint-{PAUSE_AT}'}"
         in log
