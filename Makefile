@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 # Extra flags for `make train`, e.g. make train ARGS="--per_device_train_batch_size 16"
 ARGS ?=
 
-.PHONY: install demo train test test-quick bench bench-steps lint format flags clean
+.PHONY: install slurm demo train test test-quick bench bench-steps lint format flags clean
 
 install: $(VENV)/.installed
 
@@ -26,8 +26,14 @@ train: install
 	$(BIN)/accelerate launch -m finetune --output_dir outputs/mnli $(ARGS)
 
 # Every tier: tests/e2e (runs of the entry point, subprocesses, 2 ranks, MiniLM) and tests/unit.
-test: install
+test: install slurm
 	$(BIN)/python -m pytest
+
+# The daemons of the Slurm tests (tests/e2e/slurm_cluster.py): Debian's slurm-wlm and munge, installed
+# when missing, as root on a machine with apt. Elsewhere those tests skip with one line saying this.
+slurm:
+	@if { ! command -v slurmctld || ! command -v munged; } >/dev/null && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q slurm-wlm munge; fi
 
 # tests/unit only: in process, no run of main()/cli(), no subprocess, no second rank: the edit-test loop.
 test-quick: install

@@ -54,3 +54,23 @@ def minilm_full(tmp_path_factory):
         results = main(minilm_args(out, "--learning_rate", "1e-4"))
     reset_accelerate()
     return out, results
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real 2-node Slurm cluster on this machine (tests/e2e/slurm_cluster.py), stopped at the end.
+
+    Skipped with one line where it cannot run (not root, not installed); in CI (CI_REQUIRE_SLURM=1)
+    that is a failure, so a broken install cannot pass as skipped tests."""
+    from tests.e2e.slurm_cluster import ENABLE, SlurmCluster, missing
+
+    why = missing()
+    if why:
+        if os.environ.get("CI_REQUIRE_SLURM") == "1":
+            pytest.fail(f"CI_REQUIRE_SLURM=1 but {why}. {ENABLE}")
+        pytest.skip(f"{ENABLE} ({why})")
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

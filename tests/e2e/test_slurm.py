@@ -1,0 +1,126 @@
+"""accelerate_configs/slurm/multinode.sbatch on a real 2-node Slurm cluster (tests/e2e/slurm_cluster.py).
+
+One process per node (PROCS_PER_NODE=1, gloo on CPU), as a user on a CPU cluster submits it; the
+output folder has a space in its path, which the flags must carry through srun intact.
+"""
+
+import json
+import subprocess
+import time
+
+import pytest
+import torch
+
+from finetune.mnli import main
+from tests.helpers import (
+    N_VALIDATION,
+    REPO,
+    assert_same_weights,
+    free_port,
+    tiny_args,
+    weights,
+    without_dropout,
+)
+
+pytestmark = pytest.mark.slurm
+ROWS = ["--max_train_samples", "576"]  # 18 steps of 32 pairs: no padded last batch (test_distributed.py)
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+PAUSE_AT = 7  # mid-epoch, mid log window (lines every 5 steps), no checkpoint before it
+
+
+def submit(cluster, folder, args: list[str], **env: str) -> str:
+    """`PROCS_PER_NODE=1 sbatch --nodes 2 multinode.sbatch [args]` from the repository root: the job id."""
+    job_env = {**cluster.env, "PROCS_PER_NODE": "1", "MAIN_PORT": str(free_port()), **env}
+    command = ["sbatch", "--parsable", "--nodes", "2", "--output", f"{folder}/job-%j.out",
+               "accelerate_configs/slurm/multinode.sbatch", *args]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=job_env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def wait_until(cluster, job_id: str, ready, what: str, timeout: float = 180) -> dict:
+    """Polls `scontrol show job` until `ready(job)`; on a timeout, cancels the job and fails with its log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = cluster.job(job_id)
+        if ready(job):
+            return job
+        if time.monotonic() > deadline:
+            cluster.run("scancel", "--full", job_id, check=False)
+            raise AssertionError(f"job {job_id}: no {what} after {timeout} s: {job}\n{log_of(job)}")
+        time.sleep(0.5)
+
+
+def log_of(job: dict) -> str:
+    try:
+        with open(job["StdOut"]) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def finished(job: dict) -> bool:
+    return job["JobState"] in FINAL_STATES
+
+
+@pytest.fixture(scope="module")
+def no_dropout_model(tiny_model_dir, tmp_path_factory):
+    return without_dropout(tiny_model_dir, tmp_path_factory.mktemp("slurm-model") / "model")
+
+
+@pytest.fixture(scope="module")
+def two_node_run(slurm_cluster, no_dropout_model, nli_files, tmp_path_factory):
+    """One unbroken job on both nodes, 16 pairs per process: (output folder, finished job)."""
+    folder = tmp_path_factory.mktemp("slurm unbroken")
+    out = folder / "out dir"
+    job_id = submit(slurm_cluster, folder, tiny_args(no_dropout_model, nli_files, out, *ROWS))
+    job = wait_until(slurm_cluster, job_id, finished, "end")
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), log_of(job)[-4000:]
+    return out, job
+
+
+def test_two_nodes_are_one_world_of_two_and_match_one_process(
+    two_node_run, no_dropout_model, nli_files, tmp_path
+):
+    out, job = two_node_run
+    assert job["NodeList"] == "n[1-2]" and job["NumNodes"] == "2"
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["replicas_identical"] is True
+    assert json.loads((out / "train_config.json").read_text())["world_size"] == 2
+    assert results["global_step"] == 18
+    evaluated = {k: v for k, v in results.items() if k.startswith("eval_") and k.endswith("_samples")}
+    assert evaluated and set(evaluated.values()) == {N_VALIDATION}  # padding of the last batch dropped
+    one = tmp_path / "one"
+    main(tiny_args(no_dropout_model, nli_files, one, *ROWS, "--per_device_train_batch_size", "32"))
+    assert_same_weights(weights(one), weights(out))  # same global batch: same updates
+
+
+def test_preempted_job_requeues_and_ends_bitwise_equal(
+    slurm_cluster, two_node_run, no_dropout_model, nli_files, tmp_path
+):
+    """SIGTERM to the batch script (what --signal=B:TERM@60 sends before the time limit, or a
+    preemption): the workers checkpoint the step they are at, the job requeues itself under the same
+    id and resumes there, ending on the unbroken job's bits."""
+    out = tmp_path / "out dir"
+    pause = {
+        "SCRIPT": "tests/probes/pause_at_step.py",
+        "PAUSE_AT_STEP": str(PAUSE_AT),
+        "PAUSE_DIR": str(tmp_path),
+    }
+    job_id = submit(slurm_cluster, tmp_path, tiny_args(no_dropout_model, nli_files, out, *ROWS), **pause)
+    both_paused = lambda job: finished(job) or all((tmp_path / f"paused-{r}").exists() for r in (0, 1))  # noqa: E731
+    job = wait_until(slurm_cluster, job_id, both_paused, f"pause at step {PAUSE_AT}")
+    assert job["JobState"] == "RUNNING", log_of(job)[-4000:]
+    slurm_cluster.run("scancel", "--signal=TERM", "--batch", job_id)
+
+    job = wait_until(slurm_cluster, job_id, finished, "end after the requeue")
+    log = log_of(job)
+    assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("COMPLETED", "0:0", "1"), log[-4000:]
+    assert (
+        f"stopped by SIGTERM after step {PAUSE_AT}; checkpoint saved to {out / f'checkpoint-{PAUSE_AT}'}"
+        in log
+    )
+    assert f"requeueing job {job_id}" in log and f"job {job_id} (restart 1)" in log
+    assert f"resuming from {out / f'checkpoint-{PAUSE_AT}'} at step {PAUSE_AT}" in log
+    reference, resumed = weights(two_node_run[0]), weights(out)
+    assert [n for n in reference if not torch.equal(reference[n], resumed[n])] == []
