@@ -30,7 +30,7 @@ def test_windows_overlap_by_the_stride_and_cover_the_text(tokenizer):
     assert encoded["doc"] == [0] * (len(windows) - 1) + [1]
     assert all(len(w) <= 16 and w[0] == "[CLS]" and w[-1] == "[SEP]" for w in windows)
     body = [w[1:-1] for w in windows[:-1]]
-    for before, after in zip(body, body[1:]):
+    for before, after in zip(body, body[1:], strict=False):
         assert before[-4:] == after[:4]  # doc_stride tokens shared by consecutive windows
     covered = body[0] + [t for w in body[1:] for t in w[4:]]
     assert covered == tokenizer.tokenize(TEXT)
@@ -42,7 +42,7 @@ def test_a_pair_windows_its_first_text_and_keeps_the_second_whole(tokenizer):
     assert len(windows) > 3 and set(encoded["doc"]) == {0}
     assert all(w[-5:] == ["[SEP]", "x", "y", "z", "[SEP]"] and len(w) <= 20 for w in windows)
     firsts = [w[1 : w.index("[SEP]")] for w in windows]
-    assert all(a[-3:] == b[:3] for a, b in zip(firsts, firsts[1:]))
+    assert all(a[-3:] == b[:3] for a, b in zip(firsts, firsts[1:], strict=False))
 
 
 def test_a_stride_as_long_as_the_room_is_refused(tokenizer):
