@@ -113,3 +113,36 @@ def test_a_stride_without_room_and_a_second_text_too_long_are_refused(tiny_model
     with pytest.raises(ConfigError) as second:
         main([*args, "--text_columns", "q,text"])
     assert second.value.flag == "--max_length" and "--max_length" in second.value.fix
+
+
+@pytest.mark.parametrize(
+    ("family", "kind"),
+    [("llama", "regression"), ("bert", "multi-label")],
+)
+def test_decoders_regression_and_multi_label_score_documents(family, kind, files, tmp_path):
+    """A decoder (left padding, its last token) and the other task kinds: one line per document, as
+    score_document gives it alone (1 epoch: no learning asked for)."""
+    from tests.backbones import build_tiny
+
+    model_dir = build_tiny(family, tmp_path / "model")
+    rows = read_jsonl(files["validation"])[:12]
+    if kind == "regression":
+        rows = [{"text": r["text"], "label": float(r["label"] == "positive")} for r in rows]
+    else:
+        labels = [[r["label"], "verdict"][: 1 + i % 2] for i, r in enumerate(rows)]
+        rows = [{"text": r["text"], "label": label} for r, label in zip(rows, labels, strict=True)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    args = long_args(model_dir, {"train": data, "validation": data}, out, "--num_train_epochs", "1")
+    extra = ["--long_documents", "sliding_window", "--max_length", "64", "--doc_stride", "16"]
+    results = main([*args, *extra, "--do_predict", "--test_file", str(data)])
+    assert results["eval_samples"] == results["predict_samples"] == len(rows)
+    for line in read_jsonl(out / "predictions.jsonl")[::5]:
+        alone = score_document(out, rows[line["row"]]["text"])
+        assert alone["windows"] == line["windows"] > 1
+        if kind == "regression":
+            assert alone["score"] == pytest.approx(line["score"], abs=1e-5)
+        else:
+            assert alone["labels"] == line["labels"]
+            assert alone["probabilities"] == pytest.approx(line["probabilities"], abs=1e-5)

@@ -77,3 +77,21 @@ def test_windows_group_into_documents_in_any_order(columns):
     shuffled = torch.randperm(6)  # another rank layout: the same documents, the same logits
     again = by_document(docs[shuffled], keys[shuffled], logits[shuffled], "mean")
     torch.testing.assert_close(again[2], mean, rtol=0, atol=1e-7)
+
+
+def test_every_window_gets_the_tokenizers_special_tokens():
+    """A decoder-style tokenizer that adds a BOS token: each window starts with it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "<pad>": 1, **{f"w{i}": i + 2 for i in range(40)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 0)]
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", pad_token="<pad>")
+    encoded = encode_windows(tokenizer, [[TEXT]], max_length=10, doc_stride=3)
+    windows = encoded["input_ids"]
+    assert len(windows) > 4 and all(w[0] == 0 and 0 not in w[1:] and len(w) <= 10 for w in windows)
+    assert all(a[-3:] == b[1:4] for a, b in zip(windows, windows[1:], strict=False))
