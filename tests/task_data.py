@@ -98,3 +98,26 @@ def unbalanced_topics(rng, n):
         label = rng.choice(["sports"] * 4 + ["politics", "weather"])
         rows.append({"text": f"news about {rng.choice(words[label])} today", "topic": label})
     return rows
+
+
+REPEATS = 12
+
+
+def long_document(rng: random.Random, label: str) -> dict:
+    """400-800 filler words with one verdict sentence at a random place, which alone decides the label:
+    beyond the first 128 tokens in most documents (each filler word is one WordPiece token)."""
+    words = [rng.choice(WORDS) for _ in range(rng.randrange(400, 800))]
+    at = rng.randrange(len(words))
+    words[at:at] = ["the", "verdict", "is", *[label] * REPEATS, "."]  # repeated: the tiny BERT learns it fast
+    return {"text": " ".join(words), "label": label}
+
+
+def write_long_documents(folder: Path, n_train: int, n_validation: int, seed: int = 0) -> dict:
+    """JSONL files of `long_document` rows (text, label), the labels alternating (balanced)."""
+    rng = random.Random(seed)
+    files = {}
+    for split, n in (("train", n_train), ("validation", n_validation)):
+        files[split] = folder / f"long_{split}.jsonl"
+        rows = [long_document(rng, ("positive", "negative")[i % 2]) for i in range(n)]
+        files[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return files

@@ -13,6 +13,8 @@ from finetune.errors import ConfigError
 DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 GLUE_DATASET = "nyu-mll/glue"
 TaskName = Literal[TASK_CHOICES]
+LongDocuments = Literal["truncate", "sliding_window"]
+WindowAggregation = Literal["mean", "max"]
 SPLIT_NAMES = {"train_split_name": "train", "validation_split_name": "validation", "test_split_name": "test"}
 
 
@@ -60,6 +62,21 @@ class DataArgs:
     label) as the validation split."""
     max_length: int = 128
     """Longest tokenized pair in tokens; longer pairs are truncated."""
+    long_documents: LongDocuments = "truncate"
+    """A text longer than --max_length: truncate (its first tokens only), or sliding_window: overlapping
+    windows of --max_length tokens, each with the tokenizer's special tokens (a pair's long first text is
+    windowed, its second text kept whole in every window). In training each window is one example with its
+    document's label, so a document weighs in the loss by its number of windows, as in HF's run_qa (every
+    token is trained on, and each example weighs the same in a batch); evaluation and predictions score
+    documents (--window_aggregation), eval_*_samples and predictions.jsonl count documents. Needs a fast
+    tokenizer."""
+    doc_stride: int | None = None
+    """--long_documents sliding_window: tokens of overlap between consecutive windows (HF run_qa's name);
+    default: a quarter of --max_length (32 at 128; run_qa has 128 at 384). Must be less than the window's
+    room for the text (--max_length minus the special tokens and a pair's second text)."""
+    window_aggregation: WindowAggregation = "mean"
+    """--long_documents sliding_window: a document's logits from its windows' logits: mean, or max (per class,
+    label or score: the highest logit any window gives it); then softmax, sigmoid or the score as usual."""
     max_train_samples: int | None = None
     """Use only the first N training rows (debugging)."""
     max_eval_samples: int | None = None
@@ -75,6 +92,13 @@ class DataArgs:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"--{name} must be a positive integer or left unset, got {value}")
+        if self.doc_stride is not None and self.doc_stride <= 0:
+            raise ConfigError(f"--doc_stride must be a positive integer or left unset, got {self.doc_stride}")
+        if self.doc_stride is not None and self.long_documents != "sliding_window":
+            raise ConfigError(
+                "--doc_stride is the overlap of --long_documents sliding_window's windows; add "
+                "--long_documents sliding_window or drop --doc_stride"
+            )
         if self.text_columns is not None and not 1 <= len(self.text_column_names) <= 2:
             raise ConfigError(f"--text_columns takes 1 or 2 comma-separated names, got {self.text_columns!r}")
         if self.task_name == "custom" and not self.text_columns:
@@ -142,6 +166,13 @@ class DataArgs:
         if self.text_columns is None:
             return None
         return tuple(c.strip() for c in self.text_columns.split(",") if c.strip())
+
+    @property
+    def window_stride(self) -> int | None:
+        """Tokens of overlap between windows; None: --long_documents truncate."""
+        if self.long_documents != "sliding_window":
+            return None
+        return self.doc_stride if self.doc_stride is not None else self.max_length // 4
 
     @property
     def cell_label_separator(self) -> str | None:

@@ -20,6 +20,7 @@ IDENTITY_FLAGS = (
     # task and labels
     "task_name", "text_columns", "label_column", "label_separator", "ignore_mismatched_sizes",
     "class_weights", "validation_split_percentage", "max_length", "max_train_samples", "max_eval_samples",
+    "long_documents", "doc_stride", "window_aggregation",
     # model
     "model_revision", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
     "lora_target_modules", "lora_modules_to_save",
@@ -107,7 +108,12 @@ def run_identity(config: TrainConfig, world_size: int) -> dict:
 
 # Flags added to the identity after runs were recorded without them: what such a run had (the behaviour
 # before the flag), so a finished uncalibrated run is not taken for a calibrated one.
-ADDED_LATER = {"calibrate": "none"}
+ADDED_LATER = {
+    "calibrate": "none",
+    "long_documents": "truncate",
+    "doc_stride": None,
+    "window_aggregation": "mean",
+}
 
 
 def differences(saved: dict, now: dict) -> list[str]:

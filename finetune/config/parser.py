@@ -123,13 +123,16 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     return config
 
 
-TASK_FLAGS = ("task_name", "text_columns", "label_column")
+TASK_FLAGS = (
+    "task_name", "text_columns", "label_column", "long_documents", "doc_stride", "window_aggregation",
+)  # fmt: skip
 
 
 def _as_the_model_was_trained(values: dict, named: set[str]) -> dict:
     """--do_train false on a model this toolkit trained: the task flags left out (--task_name,
-    --text_columns, --label_column) as its folder's train_config.json records them, so evaluating a
-    custom task's model needs only its files. A flag given wins; rank 0 says what was taken."""
+    --text_columns, --label_column, and how it read long documents) as its folder's train_config.json
+    records them, so evaluating a custom task's model needs only its files. A flag given wins; rank 0 says
+    what was taken."""
     folder = Path(values["model_name_or_path"])
     if values["do_train"] or named.issuperset(TASK_FLAGS) or not folder.is_dir():
         return {}

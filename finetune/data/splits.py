@@ -84,6 +84,7 @@ def load_splits(config: TrainConfig) -> tuple[Task, dict[str, Dataset]]:
         class_weights=_class_weights(config, task, splits),
         threshold=config.multi_label_threshold,
         label_smoothing=config.label_smoothing_factor,
+        window_aggregation=config.window_aggregation,
     )
     limits = {"train": config.max_train_samples, "test": None}
     for name, split in splits.items():

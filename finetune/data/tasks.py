@@ -24,6 +24,8 @@ class Task:
     """Multi-label: the sigmoid probability at which a label counts as predicted."""
     label_smoothing: float = 0.0
     """Single-label: probability of the cross-entropy's target spread evenly over the labels."""
+    window_aggregation: str = "mean"
+    """--long_documents sliding_window: how a document's windows' logits make its own (mean, max)."""
     label_note: str | None = None
     """How a custom task's labels were read, where a user may have meant otherwise (the task line)."""
 

@@ -5,21 +5,37 @@ from __future__ import annotations
 from datasets import Dataset
 
 from finetune.data.tasks import Task
+from finetune.data.windows import encode_windows
 
 
 def tokenize_splits(
-    task: Task, splits: dict[str, Dataset], tokenizer, max_length: int, accelerator
+    task: Task,
+    splits: dict[str, Dataset],
+    tokenizer,
+    max_length: int,
+    accelerator,
+    doc_stride: int | None = None,
 ) -> dict[str, Dataset]:
     """Collective (rank 0 tokenizes first): token ids plus a `length` column (test: the `row` number
-    instead of labels); cached by `datasets`, so a second run skips the work."""
+    instead of labels); cached by `datasets`, so a second run skips the work.
 
-    def encode(batch, rows):
+    `doc_stride` (--long_documents sliding_window): long texts become overlapping windows, each with its
+    row's label; evaluation and test windows also carry their row's number as `doc`."""
+
+    def encode(batch, rows, name):
         texts = [[str(t) if t is not None else "" for t in batch[c]] for c in task.text_columns]
-        encoded = tokenizer(*texts, truncation=True, max_length=max_length)
-        if "label" in batch:
-            encoded["labels"] = batch["label"]
+        if doc_stride is None:
+            encoded = tokenizer(*texts, truncation=True, max_length=max_length)
+            source = list(range(len(rows)))
         else:
-            encoded["row"] = rows
+            encoded = encode_windows(tokenizer, texts, max_length, doc_stride)
+            source = encoded.pop("doc")
+            if name != "train":  # training takes each window as one example; the others score documents
+                encoded["doc"] = [rows[i] for i in source]
+        if "label" in batch:
+            encoded["labels"] = [batch["label"][i] for i in source]
+        else:
+            encoded["row"] = [rows[i] for i in source]
         encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
         return encoded
 
@@ -30,6 +46,7 @@ def tokenize_splits(
                 encode,
                 batched=True,
                 with_indices=True,
+                fn_kwargs={"name": name},
                 remove_columns=split.column_names,
                 desc=f"tokenize {name}",
             )

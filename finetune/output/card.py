@@ -115,6 +115,7 @@ def write_model_card(
         + (" (stopped early)" if results.get("stopped_early") else ""),
         *_exported_model_line(config, results),
         *([f"- class weights: {weights_by_label(task)}"] if task.class_weights else []),
+        _long_documents_line(config),
         f"- hardware: {machine}, mixed precision {results.get('mixed_precision')}",
         f"- time: {results.get('train_runtime_s', 0):.1f} s training over the whole run "
         f"({results.get('train_samples_per_second', 0):.1f} samples/s); this process ran {wall_s:.1f} s",
@@ -178,6 +179,19 @@ def _per_class_section(task: Task, results: dict) -> list[str]:
         f"![confusion matrix]({CONFUSION_FILE})",
         "",
     ]
+
+
+def _long_documents_line(config: TrainConfig) -> str:
+    """How texts longer than --max_length were read (the model scores one window of them)."""
+    if config.window_stride is None:
+        return f"- long documents: truncated to --max_length {config.max_length} tokens"
+    return (
+        f"- long documents: sliding windows of {config.max_length} tokens overlapping by "
+        f"{config.window_stride} (each window one training example with its document's label); a "
+        "document's score: the "
+        f"{config.window_aggregation} of its windows' logits (`finetune.long_documents.score_document`; "
+        "a `pipeline` scores one window)"
+    )
 
 
 def _exported_model_line(config: TrainConfig, results: dict) -> list[str]:

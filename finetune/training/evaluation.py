@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from finetune.data.tasks import Task, eval_key
+from finetune.data.windows import by_document
 from finetune.metrics.calibration import multi_label_calibration, single_label_calibration
 from finetune.metrics.classification import multi_label_scores, single_label_scores
 
@@ -73,8 +74,8 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
 
 
 def evaluate(accelerator, model, loader, metric, task: Task, should_stop=None) -> dict:
-    """Collective: metrics over the whole split, each row counted exactly once across ranks."""
-    references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop)
+    """Collective: metrics over the whole split, each row (document) counted exactly once across ranks."""
+    references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop, task)
     scores = {**_scores(logits, references, metric, task), **calibration_scores(logits, references, task)}
     # The training loss over the split's rows, from the fp32 logits: eval_loss.
     loss = float(loss_sum(logits, references, task)) / max(len(references), 1)
@@ -105,14 +106,23 @@ def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]
     """Collective: one prediction per input row, in input order, gathered to every rank.
 
     Batches run length-sorted and sharded over ranks; each carries its row numbers, so the result
-    is put back in file order whatever the sharding, and checked to hold every row once."""
-    rows, logits = _gathered_logits(accelerator, model, loader, "row")
+    is put back in file order whatever the sharding, and checked to hold every row once. Windows of
+    long documents (--long_documents sliding_window) make one prediction per document, with `windows`."""
+    rows, logits, windows = _gathered(accelerator, model, loader, "row", None, task)
     order = rows.argsort()
     if not torch.equal(rows[order], torch.arange(num_rows)):
         raise RuntimeError(
             f"predictions cover {len(rows)} rows ({rows.unique().numel()} distinct) of {num_rows}"
         )
-    logits = logits[order]
+    predictions = prediction_lines(logits[order], task)
+    if windows is not None:
+        for prediction, count in zip(predictions, windows[order].tolist(), strict=True):
+            prediction["windows"] = count
+    return predictions
+
+
+def prediction_lines(logits: torch.Tensor, task: Task) -> list[dict]:
+    """predictions.jsonl's lines from the logits of rows 0, 1, ..."""
     if task.is_regression:
         return [{"row": i, "score": score} for i, score in enumerate(logits.squeeze(-1).tolist())]
     names = task.label_names
@@ -131,28 +141,46 @@ def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]
 
 
 def _gathered_logits(
-    accelerator, model, loader, key: str, should_stop=None
+    accelerator, model, loader, key: str, should_stop=None, task: Task | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Collective: fp32 logits of every row with the batch's `key` column (labels, row numbers),
     gathered from all ranks; gather_for_metrics drops the rows Accelerate repeated to give every
-    rank equal batches."""
+    rank equal batches. Windows of long documents: one row per document (`_gathered`)."""
+    keys, logits, _ = _gathered(accelerator, model, loader, key, should_stop, task)
+    return keys, logits
+
+
+def _gathered(accelerator, model, loader, key: str, should_stop=None, task: Task | None = None):
+    """Collective: `_gathered_logits`, and each row's number of windows (None without windows). Windows
+    carry their document's number (`doc`), gathered with them: after the gather every rank groups the
+    windows of each document, wherever they were scored, into one row (task.window_aggregation)."""
     # Under torch.compile the evaluation runs the model uncompiled: each evaluation batch shape would
     # otherwise compile (and record CUDA graphs under reduce-overhead) for a pass that takes about a
     # second eagerly (docs/benchmarks.md). Regional compilation compiles the layers in place: kept.
     model = getattr(model, "_orig_mod", model)
     model.eval()
-    keys, outputs = [], []
+    keys, outputs, docs = [], [], []
     with torch.no_grad():
         for batch in loader:
             if should_stop is not None and should_stop():  # every rank, at the same batch
                 model.train()
                 raise EvaluationAbandoned
             key_values = batch.pop(key)
+            doc = batch.pop("doc", None)
             # A copy even when already fp32: under --torch_compile_mode reduce-overhead the model's output
             # lives in a CUDA graph's pool, which the next batch's replay overwrites.
             logits = model(**batch).logits.to(torch.float32, copy=True)
-            key_values, logits = accelerator.gather_for_metrics((key_values, logits))
+            if doc is not None:  # gathered together: the same windows dropped as repeats
+                key_values, logits, doc = accelerator.gather_for_metrics((key_values, logits, doc))
+                docs.append(doc)
+            else:
+                key_values, logits = accelerator.gather_for_metrics((key_values, logits))
             keys.append(key_values)  # kept on the device: no wait per batch
             outputs.append(logits)
     model.train()
-    return torch.cat(keys).cpu(), torch.cat(outputs).cpu()
+    keys, logits = torch.cat(keys).cpu(), torch.cat(outputs).cpu()
+    if not docs:
+        return keys, logits, None
+    aggregation = task.window_aggregation if task is not None else "mean"
+    _, keys, logits, windows = by_document(torch.cat(docs).cpu(), keys, logits, aggregation)
+    return keys, logits, windows

@@ -1,0 +1,148 @@
+"""--long_documents sliding_window end to end: documents of 400-800 tokens whose label one verdict sentence
+decides, placed anywhere; the tiny BERT at --max_length 128 reads it only through windows. Documents are
+counted once on 2 processes, and finetune.long_documents.score_document gives predictions.jsonl's lines.
+
+The windows and the grouping alone: tests/unit/test_windows.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from finetune.errors import ConfigError
+from finetune.long_documents import score_document
+from finetune.mnli import main
+from tests.e2e.test_distributed import two_process
+from tests.helpers import read_jsonl, reset_accelerate
+from tests.task_data import write_long_documents
+
+N_TRAIN, N_VALIDATION = 160, 60
+
+
+def long_args(model_dir, files, output_dir, *extra: str) -> list[str]:
+    return [
+        "--model_name_or_path", str(model_dir), "--task_name", "custom", "--text_columns", "text",
+        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
+        "--output_dir", str(output_dir), "--per_device_train_batch_size", "16", "--learning_rate", "3e-3",
+        "--num_train_epochs", "3", "--max_length", "128", "--logging_steps", "50", "--mixed_precision", "no",
+        "--report_to", "none", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return write_long_documents(tmp_path_factory.mktemp("long"), N_TRAIN, N_VALIDATION)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, files, tmp_path_factory):
+    """The same training truncated and windowed (max of the windows; predictions of the validation
+    documents): {strategy: (output_dir, results)}."""
+    found = {}
+    windowed = ["--long_documents", "sliding_window", "--window_aggregation", "max"]
+    predict = ["--do_predict", "--test_file", str(files["validation"])]
+    for name, extra in (("truncate", []), ("sliding_window", [*windowed, *predict])):
+        out = tmp_path_factory.mktemp(name) / "out"
+        found[name] = out, main(long_args(tiny_model_dir, files, out, *extra))
+        reset_accelerate()
+    return found
+
+
+def test_windows_find_the_verdict_that_truncation_cuts_off(runs):
+    (_, truncated), (out, windowed) = runs["truncate"], runs["sliding_window"]
+    assert truncated["eval_accuracy"] <= 0.7  # balanced labels: near chance
+    assert windowed["eval_accuracy"] >= 0.9
+    assert windowed["eval_samples"] == truncated["eval_samples"] == N_VALIDATION  # documents, not windows
+    assert windowed["train_samples"] > 4 * truncated["train_samples"]  # each window one example
+    predictions = read_jsonl(out / "predictions.jsonl")
+    assert [p["row"] for p in predictions] == list(range(N_VALIDATION))
+    assert min(p["windows"] for p in predictions) >= 4
+    recorded = json.loads((out / "train_config.json").read_text())
+    assert (recorded["long_documents"], recorded["doc_stride"], recorded["window_aggregation"]) == (
+        "sliding_window", None, "max",
+    )  # fmt: skip
+    assert recorded["identity"]["long_documents"] == "sliding_window"
+    assert "sliding windows of 128 tokens overlapping by 32" in (out / "README.md").read_text()
+
+
+def test_score_document_gives_the_lines_of_predictions_jsonl(runs, files):
+    out, _ = runs["sliding_window"]
+    documents = read_jsonl(files["validation"])
+    for line in read_jsonl(out / "predictions.jsonl")[:8]:
+        alone = score_document(out, documents[line["row"]]["text"])  # settings from train_config.json
+        assert alone["label"] == line["label"] and alone["windows"] == line["windows"]
+        assert alone["probabilities"] == pytest.approx(line["probabilities"], abs=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_two_processes_count_every_document_once(runs, files, tmp_path):
+    """Evaluate-only on 2 ranks (the windowing read back from train_config.json): the documents' count
+    and metrics of 1 process, and each document's prediction as it gets scored alone."""
+    model, _ = runs["sliding_window"]
+    evaluate = ["--do_train", "false", "--do_predict", "--test_file", str(files["validation"])]
+    evaluate += ["--per_device_eval_batch_size", "7"]  # windows of a document split across batches, ranks
+    one = main(long_args(model, files, tmp_path / "one", *evaluate))
+    reset_accelerate()
+    two_process(long_args(model, files, tmp_path / "two", *evaluate), script="finetune/glue.py")
+    two = json.loads((tmp_path / "two" / "results.json").read_text())
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["eval_samples"] == one["eval_samples"] == N_VALIDATION
+    assert two["predict_samples"] == N_VALIDATION
+    for key in ("eval_accuracy", "eval_f1_macro", "eval_loss"):
+        assert two[key] == pytest.approx(one[key], abs=1e-5)
+    documents = read_jsonl(files["validation"])
+    predictions = read_jsonl(tmp_path / "two" / "predictions.jsonl")
+    assert [p["row"] for p in predictions] == list(range(N_VALIDATION))
+    for line in predictions[::6]:
+        alone = score_document(model, documents[line["row"]]["text"])
+        assert alone["label"] == line["label"] and alone["windows"] == line["windows"]
+        assert alone["probabilities"] == pytest.approx(line["probabilities"], abs=1e-5)
+
+
+def test_a_stride_without_room_and_a_second_text_too_long_are_refused(tiny_model_dir, files, tmp_path):
+    windowed = ["--long_documents", "sliding_window"]
+    with pytest.raises(ConfigError) as stride:
+        main(long_args(tiny_model_dir, files, tmp_path / "a", *windowed, "--doc_stride", "126"))
+    assert stride.value.flag == "--doc_stride" and "below 126" in stride.value.fix
+    reset_accelerate()
+    pairs = tmp_path / "pairs.jsonl"  # the document as the second text: it alone exceeds --max_length
+    rows = [{"q": "the verdict?", "text": r["text"], "label": r["label"]} for r in read_jsonl(files["train"])]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
+    args = long_args(tiny_model_dir, {"train": pairs, "validation": pairs}, tmp_path / "b", *windowed)
+    with pytest.raises(ConfigError) as second:
+        main([*args, "--text_columns", "q,text"])
+    assert second.value.flag == "--max_length" and "--max_length" in second.value.fix
+
+
+@pytest.mark.parametrize(
+    ("family", "kind"),
+    [("llama", "regression"), ("bert", "multi-label")],
+)
+def test_decoders_regression_and_multi_label_score_documents(family, kind, files, tmp_path):
+    """A decoder (left padding, its last token) and the other task kinds: one line per document, as
+    score_document gives it alone (1 epoch: no learning asked for)."""
+    from tests.backbones import build_tiny
+
+    model_dir = build_tiny(family, tmp_path / "model")
+    rows = read_jsonl(files["validation"])[:12]
+    if kind == "regression":
+        rows = [{"text": r["text"], "label": float(r["label"] == "positive")} for r in rows]
+    else:
+        labels = [[r["label"], "verdict"][: 1 + i % 2] for i, r in enumerate(rows)]
+        rows = [{"text": r["text"], "label": label} for r, label in zip(rows, labels, strict=True)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    args = long_args(model_dir, {"train": data, "validation": data}, out, "--num_train_epochs", "1")
+    extra = ["--long_documents", "sliding_window", "--max_length", "64", "--doc_stride", "16"]
+    results = main([*args, *extra, "--do_predict", "--test_file", str(data)])
+    assert results["eval_samples"] == results["predict_samples"] == len(rows)
+    for line in read_jsonl(out / "predictions.jsonl")[::5]:
+        alone = score_document(out, rows[line["row"]]["text"])
+        assert alone["windows"] == line["windows"] > 1
+        if kind == "regression":
+            assert alone["score"] == pytest.approx(line["score"], abs=1e-5)
+        else:
+            assert alone["labels"] == line["labels"]
+            assert alone["probabilities"] == pytest.approx(line["probabilities"], abs=1e-5)

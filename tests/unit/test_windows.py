@@ -1,0 +1,97 @@
+"""--long_documents sliding_window in process: the windows' bounds and overlap, the pair case, the
+refusals, and windows grouped back into documents whatever their order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from finetune.config.train_config import TrainConfig
+from finetune.data.windows import by_document, encode_windows
+from finetune.errors import ConfigError
+from tests.helpers import minilm_dir
+
+TEXT = " ".join(f"w{i}" for i in range(40))  # 'w', '##i': 80 tokens
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(minilm_dir())
+
+
+def words(tokenizer, ids) -> list[str]:
+    return tokenizer.convert_ids_to_tokens(ids)
+
+
+def test_windows_overlap_by_the_stride_and_cover_the_text(tokenizer):
+    encoded = encode_windows(tokenizer, [[TEXT, "short"]], max_length=16, doc_stride=4)
+    windows = [words(tokenizer, ids) for ids in encoded["input_ids"]]
+    assert encoded["doc"] == [0] * (len(windows) - 1) + [1]
+    assert all(len(w) <= 16 and w[0] == "[CLS]" and w[-1] == "[SEP]" for w in windows)
+    body = [w[1:-1] for w in windows[:-1]]
+    for before, after in zip(body, body[1:], strict=False):
+        assert before[-4:] == after[:4]  # doc_stride tokens shared by consecutive windows
+    covered = body[0] + [t for w in body[1:] for t in w[4:]]
+    assert covered == tokenizer.tokenize(TEXT)
+
+
+def test_a_pair_windows_its_first_text_and_keeps_the_second_whole(tokenizer):
+    encoded = encode_windows(tokenizer, [[TEXT], ["x y z"]], max_length=20, doc_stride=3)
+    windows = [words(tokenizer, ids) for ids in encoded["input_ids"]]
+    assert len(windows) > 3 and set(encoded["doc"]) == {0}
+    assert all(w[-5:] == ["[SEP]", "x", "y", "z", "[SEP]"] and len(w) <= 20 for w in windows)
+    firsts = [w[1 : w.index("[SEP]")] for w in windows]
+    assert all(a[-3:] == b[:3] for a, b in zip(firsts, firsts[1:], strict=False))
+
+
+def test_a_stride_as_long_as_the_room_is_refused(tokenizer):
+    with pytest.raises(ConfigError) as refused:
+        encode_windows(tokenizer, [[TEXT]], max_length=16, doc_stride=14)  # room: 16 - [CLS] [SEP]
+    assert refused.value.flag == "--doc_stride" and "below 14" in refused.value.fix
+
+
+def test_a_second_text_that_fills_the_window_is_refused(tokenizer):
+    with pytest.raises(ConfigError) as refused:
+        encode_windows(tokenizer, [[TEXT], [TEXT]], max_length=32, doc_stride=4)
+    assert refused.value.flag == "--max_length" and "--max_length" in refused.value.fix
+
+
+def test_doc_stride_needs_sliding_window():
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig(doc_stride=8)
+    assert refused.value.flag == "--doc_stride"
+    assert TrainConfig(long_documents="sliding_window").window_stride == 32
+
+
+@pytest.mark.parametrize("columns", [3, 1])  # classes (single- and multi-label), a regression score
+def test_windows_group_into_documents_in_any_order(columns):
+    docs = torch.tensor([4, 4, 2, 4, 7, 2])
+    keys = torch.tensor([1, 1, 0, 1, 2, 0])
+    logits = torch.randn(6, columns)
+    found, doc_keys, mean, counts = by_document(docs, keys, logits, "mean")
+    assert found.tolist() == [2, 4, 7] and doc_keys.tolist() == [0, 1, 2] and counts.tolist() == [2, 3, 1]
+    torch.testing.assert_close(mean[1], logits[[0, 1, 3]].mean(0))
+    _, _, high, _ = by_document(docs, keys, logits, "max")
+    torch.testing.assert_close(high[0], logits[[2, 5]].amax(0))  # per class: the highest window's
+    shuffled = torch.randperm(6)  # another rank layout: the same documents, the same logits
+    again = by_document(docs[shuffled], keys[shuffled], logits[shuffled], "mean")
+    torch.testing.assert_close(again[2], mean, rtol=0, atol=1e-7)
+
+
+def test_every_window_gets_the_tokenizers_special_tokens():
+    """A decoder-style tokenizer that adds a BOS token: each window starts with it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "<pad>": 1, **{f"w{i}": i + 2 for i in range(40)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", 0)]
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", pad_token="<pad>")
+    encoded = encode_windows(tokenizer, [[TEXT]], max_length=10, doc_stride=3)
+    windows = encoded["input_ids"]
+    assert len(windows) > 4 and all(w[0] == 0 and 0 not in w[1:] and len(w) <= 10 for w in windows)
+    assert all(a[-3:] == b[1:4] for a, b in zip(windows, windows[1:], strict=False))
