@@ -67,7 +67,9 @@ def calibrate_model(run) -> dict:
     identical). Rank 0 draws reliability_diagram.png. Returns results.json's calibration keys."""
     accelerator, task = run.accelerator, run.task
     split = task.validation_splits[0]
-    references, logits = _gathered_logits(accelerator, run.model, run.eval_loaders[split], "labels")
+    # Documents' logits under --long_documents sliding_window (their windows' mean or max): dividing every
+    # window by T divides that aggregate by T, so T fitted here is the one the predictions see.
+    references, logits = _gathered_logits(accelerator, run.model, run.eval_loaders[split], "labels", None, task)
     fitted = fit_temperature(logits, references)  # every rank: the same gathered logits, the same T
     fitted = torch.tensor([fitted], dtype=torch.float64, device=accelerator.device)
     temperature = float(broadcast(fitted, from_process=0)[0])  # rank 0's, so the replicas stay identical
