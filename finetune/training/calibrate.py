@@ -69,7 +69,8 @@ def calibrate_model(run) -> dict:
     split = task.validation_splits[0]
     # Documents' logits under --long_documents sliding_window (their windows' mean or max): dividing every
     # window by T divides that aggregate by T, so T fitted here is the one the predictions see.
-    references, logits = _gathered_logits(accelerator, run.model, run.eval_loaders[split], "labels", None, task)
+    loader = run.eval_loaders[split]
+    references, logits = _gathered_logits(accelerator, run.model, loader, "labels", None, task)
     fitted = fit_temperature(logits, references)  # every rank: the same gathered logits, the same T
     fitted = torch.tensor([fitted], dtype=torch.float64, device=accelerator.device)
     temperature = float(broadcast(fitted, from_process=0)[0])  # rank 0's, so the replicas stay identical
