@@ -51,6 +51,11 @@ from finetune.studies.best_seeds import rerun_best, take_rerun
 from finetune.studies.report import FINISHED, export_best, trial_folder, write_report
 from finetune.studies.sweep_config import Param, SweepSpec, grid_of, read_sweep_config
 
+SWEEP_USAGE = """usage: finetune/sweep.py --sweep_config SWEEP.yaml [sweep flags] [training flags]
+
+An Optuna study whose trials are finetune runs (docs/sweeps.md); every other flag is a training flag,
+shared by every trial (listed below the sweep's own).
+"""
 DEFAULT_STUDY = "finetune-sweep"
 """One fixed name, so N identical commands share one study."""
 JOURNAL_FILE = "optuna-journal.log"
@@ -88,12 +93,17 @@ def _stop(signum, frame):
 
 def sweep_main(argv: list[str] | None = None, build=None) -> dict:
     """Collective: the sweep for Python callers; returns sweep.json's content (rank 0; {} elsewhere)."""
-    parser = argparse.ArgumentParser(prog="finetune/sweep.py", allow_abbrev=False, add_help=False)
-    parser.add_argument("--sweep_config")
-    parser.add_argument("--study_name", default=DEFAULT_STUDY)
-    parser.add_argument("--storage", default=None)
-    parser.add_argument("--rerun_best_with_seeds", type=int, default=0)
+    parser = argparse.ArgumentParser(
+        prog="finetune/sweep.py", allow_abbrev=False, add_help=False, usage=SWEEP_USAGE.splitlines()[0]
+    )
+    parser.add_argument("--sweep_config", help="the sweep's YAML: search space, n_trials, sampler, pruner")
+    parser.add_argument("--study_name", default=DEFAULT_STUDY, help="the study to create or join")
+    parser.add_argument("--storage", default=None, help="an Optuna storage URL; default: a journal file")
+    parser.add_argument("--rerun_best_with_seeds", type=int, default=0, help="the best params over N seeds")
     options, training_argv = parser.parse_known_args(argv)
+    if {"-h", "--help"} & set(training_argv):  # the sweep's own flags, then every training flag
+        print(SWEEP_USAGE + parser.format_help().split("\n", 2)[-1])
+        parse_config(["--help"])
     if not options.sweep_config:
         raise ConfigError("--sweep_config is missing; give the sweep's YAML file (see docs/sweeps.md)")
     spec = read_sweep_config(options.sweep_config)

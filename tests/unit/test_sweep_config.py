@@ -70,3 +70,13 @@ def test_a_missing_or_broken_file_is_one_line(tmp_path):
     assert error.value.flag == "--sweep_config"
     with pytest.raises(ConfigError, match="not valid YAML"):
         read_sweep_config(write(tmp_path, "n_trials: [1"))
+
+
+def test_help_lists_the_sweeps_flags_then_the_training_flags(capsys):
+    from finetune.studies.sweep import sweep_main
+
+    with pytest.raises(SystemExit) as done:
+        sweep_main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert out.index("--rerun_best_with_seeds") < out.index("--learning_rate") and "--sweep_config" in out
