@@ -23,7 +23,7 @@ import uuid
 from datetime import datetime
 from pathlib import Path
 
-from finetune.output.lock import LOCK_FILE, _alive
+from finetune.output.lock import LOCK_FILE, _alive, _read  # the same record: pid, host, start
 
 CLAIM_FILE = ".sweep-claim.json"
 HEARTBEAT_S = 30.0
@@ -131,13 +131,3 @@ def _drop_dead_run_lock(folder: Path, dead: dict) -> None:
     held = _read(lock) or {}
     if (held.get("pid"), held.get("host")) == (dead.get("pid"), dead.get("host")):
         lock.unlink(missing_ok=True)
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        record = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError):
-        return {}  # half-written by a worker that died while writing it: nobody's
-    return record if isinstance(record, dict) else {}
