@@ -83,3 +83,28 @@ def test_run_name_names_the_wandb_run(wandb_env, tmp_path):
     finally:
         accelerator.end_training()
         reset_accelerate()
+
+
+def test_each_sweep_trial_is_a_wandb_run_in_the_studys_group(wandb_env, tiny_model_dir, nli_files, tmp_path):
+    """--report_to wandb in a sweep: one W&B run per trial (`trial-<n>`), all in the study's group."""
+    from finetune.run import setup
+    from finetune.studies.sweep import sweep_main
+
+    wandb_env.setenv("WANDB_MODE", "offline")
+    wandb_env.delenv("WANDB_RUN_GROUP", raising=False)  # the sweep sets it: undone after the test
+    seen = []
+
+    def build(args, identity):
+        run = setup(args, identity)
+        tracker = run.accelerator.get_tracker("wandb", unwrap=True)
+        seen.append((tracker.name, tracker.group))
+        return run
+
+    sweep = tmp_path / "sweep.yaml"
+    grid = "  learning_rate: {type: categorical, choices: [1.0e-3, 3.0e-3]}\n"
+    sweep.write_text(f"n_trials: 2\nsampler: grid\nsearch_space:\n{grid}")
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "study", "--max_train_steps", "2")
+    args[args.index("--report_to") + 1] = "wandb"
+    sweep_main(["--sweep_config", str(sweep), "--study_name", "lr-study", *args], build)
+    reset_accelerate()
+    assert seen == [("trial-0", "lr-study"), ("trial-1", "lr-study")]
