@@ -142,3 +142,23 @@ def test_ddp_trials_train_the_same_params_on_both_ranks(tiny_model_dir, nli_file
     assert rerun["world_size"] == 2 and json.loads((out / "best_seeds" / "summary.json").read_text())[
         "seeds"
     ] == [43]
+
+
+@pytest.mark.subprocess
+def test_ctrl_c_stops_a_worker_as_a_run_stops_and_its_trial_resumes(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    out, note = tmp_path / "study", tmp_path / "stopped.txt"
+    config = sweep_yaml(tmp_path, "n_trials: 1\nsampler: grid\nsearch_space:\n"
+                        "  learning_rate: {type: categorical, choices: [1.0e-3]}\n")  # fmt: skip
+    argv = ["--sweep_config", config, *tiny_args(tiny_model_dir, nli_files, out, *TRIAL)]
+    env = {"AT_STEP": "3", "KILL_NOTE": str(note), "SIGNAL": "INT"}
+    stopped = run_cli([PYTHON, "tests/probes/sweep_kill_at_step.py", *argv], env=env)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert "stopped by SIGINT after step 3" in stopped.stderr  # the run's own stop: a checkpoint
+    assert (out / "trial-0" / "checkpoint-3").is_dir() and not (out / "trial-0" / "results.json").exists()
+    capsys.readouterr()
+    sweep_main(argv)  # the same command again: the trial resumes where the stop left it
+    reset_accelerate()
+    assert f"resuming from {out / 'trial-0' / 'checkpoint-3'} at step 3" in capsys.readouterr().out
+    assert [(t["number"], t["state"]) for t in report(out)["trials"]] == [(0, "COMPLETE")]
