@@ -80,3 +80,24 @@ def test_help_lists_the_sweeps_flags_then_the_training_flags(capsys):
     out = capsys.readouterr().out
     assert done.value.code == 0
     assert out.index("--rerun_best_with_seeds") < out.index("--learning_rate") and "--sweep_config" in out
+
+
+@pytest.mark.parametrize(
+    ("sampler", "pruner", "classes"),
+    [
+        ("tpe", "median", ("TPESampler", "MedianPruner")),
+        ("random", "hyperband", ("RandomSampler", "HyperbandPruner")),
+        ("grid", "none", ("GridSampler", "NopPruner")),
+    ],
+)
+def test_each_sampler_and_pruner_is_optunas_own(sampler, pruner, classes, tmp_path):
+    from finetune.studies.sweep import pruner_for, sampler_for
+
+    text = GOOD.replace("sampler: tpe", f"sampler: {sampler}").replace("pruner: median", f"pruner: {pruner}")
+    if sampler == "grid":  # a grid takes categorical and int parameters only
+        text = text.replace(
+            "{type: float, low: 1.0e-5, high: 1.0e-3, log: true}", "{type: categorical, choices: [1.0e-5]}"
+        )
+        text = text.replace("{type: float, low: 0.0, high: 0.2}", "{type: categorical, choices: [0.0, 0.1]}")
+    spec = read_sweep_config(write(tmp_path, text))
+    assert (type(sampler_for(spec, 3)).__name__, type(pruner_for(spec)).__name__) == classes
