@@ -88,6 +88,10 @@ def start_trackers(
     flat = {**resolved, **resolved.get("plan", {})}
     wandb_kwargs = {"dir": str(output_dir)} | ({"id": run_id, "resume": "allow"} if run_id else {})
     wandb_kwargs |= {"name": run_name} if run_name else {}
+    # A sweep's study (WANDB_RUN_GROUP, set by finetune/studies/sweep.py) read at every run: wandb reads its
+    # environment once per process, so a later study in the same process would lose its group.
+    group = os.environ.get("WANDB_RUN_GROUP")
+    wandb_kwargs |= {"group": group} if group else {}
     scalars = {k: v for k, v in flat.items() if isinstance(v, (int, float, str, bool))}
     try:
         accelerator.init_trackers(project_name, config=scalars, init_kwargs={"wandb": wandb_kwargs})
