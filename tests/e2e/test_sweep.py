@@ -139,9 +139,8 @@ def test_ddp_trials_train_the_same_params_on_both_ranks(tiny_model_dir, nli_file
         assert recorded["learning_rate"] == trial["params"]["learning_rate"]
         assert results["replicas_identical"]  # a rank with other params would have trained other weights
     rerun = json.loads((out / "best_seeds" / "seed-43" / "results.json").read_text())
-    assert rerun["world_size"] == 2 and json.loads((out / "best_seeds" / "summary.json").read_text())[
-        "seeds"
-    ] == [43]
+    summary = json.loads((out / "best_seeds" / "summary.json").read_text())
+    assert rerun["world_size"] == 2 and summary["seeds"] == [43]
 
 
 @pytest.mark.subprocess
