@@ -167,9 +167,7 @@ def _gathered(accelerator, model, loader, key: str, should_stop=None, task: Task
                 raise EvaluationAbandoned
             key_values = batch.pop(key)
             doc = batch.pop("doc", None)
-            # A copy even when already fp32: under --torch_compile_mode reduce-overhead the model's output
-            # lives in a CUDA graph's pool, which the next batch's replay overwrites.
-            logits = model(**batch).logits.to(torch.float32, copy=True)
+            logits = model(**batch).logits.float()
             if doc is not None:  # gathered together: the same windows dropped as repeats
                 key_values, logits, doc = accelerator.gather_for_metrics((key_values, logits, doc))
                 docs.append(doc)
