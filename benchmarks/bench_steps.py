@@ -12,6 +12,9 @@ drift hits both alike:
                  (not rounded up to a multiple of 16)
   trainer_tuned  the toolkit's default against Trainer tuned's step: torch dropout, padded layers,
                  its own group_by_length batches (same rows, same count), glibc's malloc settings
+  lora_dropout   LoRA (r 16, alpha 32, dropout 0.05, all-linear) with the adapters' dropout packed
+                 (the toolkit's default) against peft's own torch dropout
+  lora_full      that LoRA step against full fine-tuning (both the toolkit's defaults)
   loop           the toolkit's whole training loop (`finetune.training.loop.train`) against the bare
                  Accelerate loop of `make bench`, on one model, optimizer and loader: each side runs
                  --batches steps in turn, --repeats rounds, both on the same epoch's batches in a round
@@ -38,7 +41,7 @@ from benchmarks.bench import SHARED_MNLI, _packaged_minilm, _tokenized, bare_ste
 from finetune.data.batching import LengthGroupedSampler
 from finetune.distributed.accelerator import resolve_mixed_precision
 from finetune.speed.malloc import _M_MMAP_MAX, _M_TRIM_THRESHOLD, _glibc_mallopt, keep_freed_memory
-from finetune.speed.packed_dropout import use_packed_dropout
+from finetune.speed.packed_dropout import pack_dropout_modules, use_packed_dropout
 from finetune.speed.padding_free import ROWS_MULTIPLE, use_padding_free
 
 
@@ -48,6 +51,8 @@ class Setup(NamedTuple):
     keep_freed: bool = True
     trainer_batches: bool = False
     rows_multiple: int = ROWS_MULTIPLE
+    lora: bool = False
+    lora_packed_dropout: bool = True
 
 
 # name -> the toolkit's default and the other side
@@ -60,6 +65,8 @@ COMPARISONS = {
         Setup(packed_dropout=False, padding_free=False, keep_freed=False, trainer_batches=True),
     ),
     "rows_multiple": (Setup(), Setup(rows_multiple=1)),
+    "lora_dropout": (Setup(lora=True), Setup(lora=True, lora_packed_dropout=False)),
+    "lora_full": (Setup(lora=True), Setup()),
 }
 
 
@@ -195,8 +202,18 @@ class _Side:
             use_packed_dropout(self.model)
         if setup.padding_free:
             use_padding_free(self.model, setup.rows_multiple)
+        if setup.lora:  # as build_model wraps it: after the base model's kernels
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(
+                task_type="SEQ_CLS", r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear"
+            )
+            self.model = get_peft_model(self.model, lora)
+            if setup.packed_dropout and setup.lora_packed_dropout:
+                pack_dropout_modules(self.model)
         self.model.train()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, fused=True)
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=1e-4, fused=True)
         self.bf16, self.keep_freed = bf16, setup.keep_freed
 
     def step(self, batch: dict) -> float:

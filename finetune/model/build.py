@@ -12,7 +12,7 @@ from finetune.model.options import refuse_checkpoint_dtype
 from finetune.speed.attention import check_varlen_precision, use_sync_free_masks, use_varlen_attention
 from finetune.speed.malloc import keep_freed_memory, resolve_keep_freed_memory
 from finetune.speed.memory import enable_gradient_checkpointing
-from finetune.speed.packed_dropout import resolve_dropout_kernel, use_packed_dropout
+from finetune.speed.packed_dropout import pack_dropout_modules, resolve_dropout_kernel, use_packed_dropout
 from finetune.speed.padding_free import resolve_padding_free, use_padding_free
 
 
@@ -49,6 +49,8 @@ def build_model(args: TrainConfig, task, accelerator, loading: dict, bf16_native
         keep_freed_memory()
     if args.use_peft:  # after the kernels patch the model's own modules; before the optimizer
         model = wrap_with_lora(model, args)
+        if speed["dropout_kernel"] == "packed":
+            pack_dropout_modules(model)  # the adapters' own dropout on their inputs
     return model, tokenizer, backbone, speed
 
 

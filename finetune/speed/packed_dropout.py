@@ -108,12 +108,19 @@ def use_packed_dropout(model: nn.Module) -> None:
     """Every nn.Dropout of the model becomes PackedDropout (same p, no weights change); models that
     take their attention from transformers' AttentionInterface, with sdpa, also get it in attention."""
     register_attention()
+    pack_dropout_modules(model)
+    # Only in place of sdpa, which it runs when there is no dropout: an explicit eager (or other)
+    # --attn_implementation stays what the user chose.
+    if getattr(model, "_supports_attention_backend", False) and model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(ATTENTION)
+
+
+def pack_dropout_modules(model: nn.Module) -> None:
+    """Every nn.Dropout module becomes PackedDropout (same p). Also run after LoRA wraps the model:
+    peft's `lora_dropout` draws a mask on the input of every adapted layer, and with torch's draws
+    a CPU LoRA step was slower than full fine-tuning of the same model (docs/log.md)."""
     for parent in list(model.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Dropout:
                 # In the mode of the module it replaces: from_pretrained returns a model in eval mode.
                 setattr(parent, name, PackedDropout(child.p).train(child.training))
-    # Only in place of sdpa, which it runs when there is no dropout: an explicit eager (or other)
-    # --attn_implementation stays what the user chose.
-    if getattr(model, "_supports_attention_backend", False) and model.config._attn_implementation == "sdpa":
-        model.set_attn_implementation(ATTENTION)

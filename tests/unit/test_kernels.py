@@ -104,3 +104,22 @@ def test_training_mode_drops_in_attention_and_hidden_states():
         torch.manual_seed(5)
         b = model(**batch).logits
     assert torch.equal(a, b) and not torch.allclose(a, evaluated)
+
+
+def test_lora_adapters_draw_their_dropout_packed_on_cpu(tiny_model_dir):
+    """peft's `lora_dropout` is a plain nn.Dropout on every adapted layer's input; left to torch's
+    draws it made a CPU LoRA step slower than full fine-tuning. build_model packs it too."""
+    from accelerate import Accelerator
+
+    from finetune.config.parser import parse_config
+    from finetune.data.tasks import Task
+    from finetune.model.build import build_model
+
+    args = parse_config(["--model_name_or_path", str(tiny_model_dir), "--train_file", "a.jsonl",
+                         "--validation_file", "b.jsonl", "--use_peft", "--lora_dropout", "0.1"])  # fmt: skip
+    task = Task("nli", ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"), ("accuracy",))
+    model, _, _, speed = build_model(args, task, Accelerator(cpu=True), {}, bf16_native=False)
+    lora_dropouts = [m for name, m in model.named_modules() if "lora_dropout." in name]
+    assert speed["dropout_kernel"] == "packed" and lora_dropouts
+    assert all(type(m) is PackedDropout and m.p == 0.1 for m in lora_dropouts)
+    assert not [m for m in model.modules() if type(m) is nn.Dropout]
