@@ -145,9 +145,12 @@ def without_labels(source, target):
 
 
 @pytest.mark.multiprocess
-def test_predict_with_two_processes_returns_every_row_once_in_input_order(trained, nli_files, tmp_path):
-    """151 rows over 2 ranks × batches of 8, run length-sorted: one prediction per row, in file
-    order, each equal to the model applied to that row alone."""
+def test_two_processes_evaluate_as_one_and_predict_every_row_once_in_input_order(
+    trained, nli_files, tmp_path
+):
+    """151 rows over 2 ranks × batches of 8, run length-sorted: the evaluation counts every row once
+    and scores what one process scores; one prediction per row, in file order, each equal to the
+    model applied to that row alone."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     model_dir, _ = trained
@@ -156,13 +159,18 @@ def test_predict_with_two_processes_returns_every_row_once_in_input_order(traine
     command = [
         os.path.join(os.path.dirname(PYTHON), "torchrun"), "--nproc_per_node", "2",
         "--master_port", str(free_port()), "finetune/mnli.py", "--model_name_or_path", str(model_dir),
-        "--do_train", "false", "--do_predict",
+        "--do_train", "false", "--validation_file", str(nli_files["validation"]), "--do_predict",
         "--test_file", str(test_file), "--per_device_eval_batch_size", "8", "--output_dir", str(out),
         "--report_to", "none", "--mixed_precision", "no", "--max_length", "64",
     ]  # fmt: skip
     done = run_cli(command)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads((out / "results.json").read_text())["world_size"] == 2
+    two = json.loads((out / "results.json").read_text())
+    one = main(tiny_args(model_dir, nli_files, tmp_path / "one", "--do_train", "false",
+                         "--per_device_eval_batch_size", "8"))  # fmt: skip
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert one["eval_matched_samples"] == two["eval_matched_samples"] == N_VALIDATION
+    assert one["eval_matched_accuracy"] == two["eval_matched_accuracy"]
     predictions = read_jsonl(out / "predictions.jsonl")
     assert [p["row"] for p in predictions] == list(range(N_VALIDATION))
 
