@@ -251,3 +251,19 @@ def sigterm_in_first_evaluation(signalled_at: list):
         return run
 
     return build
+
+
+@contextlib.contextmanager
+def refused(flag: str, fix: str | None = None):
+    """A mistake refused as a ConfigError that names `flag` and says how to fix it (`fix`: a fragment
+    of the fix). Fields, not wording: the exact lines are checked in a few golden tests
+    (test_bad_input, test_checkpoints)."""
+    import pytest
+
+    from finetune.errors import ConfigError
+
+    with pytest.raises(ConfigError) as error:
+        yield error
+    assert error.value.flag == flag, f"flag {error.value.flag!r}: {error.value}"
+    assert error.value.fix, f"no fix: {error.value}"
+    assert fix is None or fix in error.value.fix, f"fix {error.value.fix!r}: {error.value}"

@@ -53,7 +53,13 @@ class _Parser(HfArgumentParser):
     def error(self, message: str):
         # "argument --max_length/--max-length: invalid int value: 'x'" -> "--max_length: invalid ..."
         message = re.sub(r"^argument (--\w+)(/--[\w-]+)*: ", r"\1: ", message)
-        raise ConfigError(f"{message.rstrip('.')}; see --help")
+        choices = re.search(r"^(--\w+): invalid choice: (.+) \(choose from (.+)\)$", message.rstrip("."))
+        if choices:  # the fix is the choices themselves
+            flag, given, names = choices.groups()
+            raise ConfigError(f"{flag}: invalid choice {given}; choose one of {names.replace(chr(39), '')}")
+        named = re.match(r"^(--\w+): (.+)$", message.rstrip("."))  # a value argparse could not read
+        fix = f"{named.group(2)} (see --help)" if named else None
+        raise ConfigError(f"{message.rstrip('.')}; see --help", fix=fix)
 
 
 # HF Trainer's, run_glue.py's and TRL's names for what has another name (or no flag) here.

@@ -15,11 +15,10 @@ import pytest
 
 from finetune.config.identity import run_identity
 from finetune.config.parser import parse_config
-from finetune.errors import ConfigError
 from finetune.mnli import cli, main
 from finetune.output.prerun import finished_run
 from finetune.run import setup
-from tests.helpers import PYTHON, REPO, run_cli, snapshot, tiny_args, with_fault, with_flag
+from tests.helpers import PYTHON, REPO, refused, run_cli, snapshot, tiny_args, with_fault, with_flag
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
 
@@ -198,7 +197,7 @@ CASES = {
     ),
     "choice outside the list": (
         lambda a, t: with_flag(a, "--lr_scheduler_type", "reduce_lr_on_plateau"),
-        "--lr_scheduler_type: invalid choice: 'reduce_lr_on_plateau'",
+        "--lr_scheduler_type: invalid choice 'reduce_lr_on_plateau'; choose one of linear,",
     ),
     "checkpointing_steps neither int nor epoch": (
         lambda a, t: with_flag(a, "--checkpointing_steps", "often"),
@@ -465,9 +464,9 @@ def test_ctrl_c_while_the_script_starts_is_one_line(good, tmp_path):
 def test_debug_shows_the_traceback(spelling, good, tmp_path):
     if spelling == ["yaml"]:
         spelling = ["--config", write(tmp_path / "d.yaml", "debug: true\n")]
-    with pytest.raises(ConfigError, match="--num_train_epochs must be a positive integer"):
+    with refused("--num_train_epochs"):
         cli([*with_flag(good, "--num_train_epochs", "0"), *spelling])
-    with pytest.raises(ConfigError, match="this run measures eval_matched_accuracy"):  # after parsing
+    with refused("--metric_for_best_model"):  # after parsing
         cli([*with_flag(good, "--metric_for_best_model", "eval_nope"), *spelling])
 
 

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 from finetune.config.train_config import TrainConfig
 from finetune.data.batching import PadCollator, VarlenCollator, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
-from tests.helpers import minilm_dir
+from tests.helpers import minilm_dir, refused
 
 
 def features(*lengths: int) -> list[dict]:
@@ -41,7 +41,7 @@ def test_buckets_are_multiples_capped_at_max_length():
 
 @pytest.mark.parametrize("value", ["0", "-8", "eight"])
 def test_bad_pad_to_multiple_of_is_refused(value):
-    with pytest.raises(ConfigError, match="--pad_to_multiple_of must be a positive integer or auto"):
+    with refused("--pad_to_multiple_of", "positive integer or auto"):
         TrainConfig(pad_to_multiple_of=value)
 
 

@@ -8,7 +8,7 @@ import pytest
 from finetune.config.parser import OTHER_NAMES, parse_config
 from finetune.config.train_config import TrainConfig, to_dict
 from finetune.errors import ConfigError
-from tests.helpers import REPO
+from tests.helpers import REPO, refused
 
 RECIPES = REPO / "recipes"
 
@@ -158,14 +158,14 @@ def test_choice_flags_list_their_choices_and_refuse_others():
     help_text = _Parser(TrainConfig).format_help()
     assert "--mixed_precision {auto,no,bf16,fp16}" in help_text
     assert "--keep_freed_memory {auto,true,false}" in help_text
-    with pytest.raises(ConfigError, match=r"^--report_to: invalid choice: 'comet' \(choose from"):
+    with refused("--report_to", "choose one of wandb, tensorboard, all, none"):
         parse_config(["--report_to", "comet"])
 
 
 @pytest.mark.parametrize("flag", ["--learning_rate", "--weight_decay", "--max_grad_norm", "--peak_tflops"])
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_numbers_are_refused_at_parse_time(flag, value):
-    with pytest.raises(ConfigError, match=f"^{flag} must be a finite number"):
+    with refused(flag, "finite number"):
         parse_config([f"{flag}={value}"])
 
 
@@ -298,16 +298,16 @@ def test_num_train_epochs_takes_fractions_and_whole_numbers_stay_whole(value, ex
 
 
 @pytest.mark.parametrize(
-    ("value", "message"),
+    ("value", "fix"),
     [
-        ("0", "--num_train_epochs must be a positive integer or fraction"),
-        ("-0.5", "--num_train_epochs must be a positive integer or fraction"),
-        ("half", "^--num_train_epochs: expected a number of epochs"),
-        ("nan", "--num_train_epochs must be a finite number"),
+        ("0", "positive integer or fraction"),
+        ("-0.5", "positive integer or fraction"),
+        ("half", "number of epochs"),
+        ("nan", "finite number"),
     ],
 )
-def test_bad_num_train_epochs_is_one_line(value, message):
-    with pytest.raises(ConfigError, match=message):
+def test_bad_num_train_epochs_is_one_line(value, fix):
+    with refused("--num_train_epochs", fix):
         parse_config(["--num_train_epochs", value])
 
 

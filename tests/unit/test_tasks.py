@@ -5,7 +5,7 @@ import json
 import pytest
 
 from finetune.data.tasks import GLUE_TASKS
-from finetune.errors import ConfigError
+from tests.helpers import refused
 
 
 def test_the_other_glue_tasks_load_with_their_columns(tmp_path):
@@ -27,22 +27,27 @@ def test_the_other_glue_tasks_load_with_their_columns(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("flags", "flag", "fix"),
     [
-        (["--task_name", "sst3"], "--task_name: invalid choice: .sst3. \\(choose from .cola., .sst2."),
-        (["--task_name", "custom"], "--task_name custom needs --text_columns"),
-        (["--task_name", "sst2", "--validation_mismatched_file", "x.jsonl"], "for MNLI only"),
-        (["--text_columns", "a,b,c"], "--text_columns takes 1 or 2"),
-        (["--push_to_hub"], "--push_to_hub needs the Hub; HF_HUB_OFFLINE is set"),
-        (["--do_train", "false", "--train_file", "t.jsonl"], "--do_train false: give --validation_file"),
+        (["--task_name", "sst3"], "--task_name", "choose one of cola, sst2,"),
+        (["--task_name", "custom"], "--task_name", "--text_columns"),
+        (
+            ["--task_name", "sst2", "--validation_mismatched_file", "x.jsonl"],
+            "--validation_mismatched_file",
+            None,
+        ),
+        (["--text_columns", "a,b,c"], "--text_columns", "takes 1 or 2"),
+        (["--push_to_hub"], "--push_to_hub", None),
+        (["--do_train", "false", "--train_file", "t.jsonl"], "--do_train", "--validation_file"),
         (
             ["--do_predict", "--train_file", "t.jsonl", "--validation_file", "v.jsonl"],
-            "--do_predict .* --test_file",
+            "--do_predict",
+            "--test_file",
         ),
     ],
 )
-def test_task_flag_mistakes(flags, message):
+def test_task_flag_mistakes(flags, flag, fix):
     from finetune.config.parser import parse_config
 
-    with pytest.raises(ConfigError, match=message):
+    with refused(flag, fix):
         parse_config(flags)
