@@ -121,3 +121,24 @@ def write_long_documents(folder: Path, n_train: int, n_validation: int, seed: in
         rows = [long_document(rng, ("positive", "negative")[i % 2]) for i in range(n)]
         files[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
     return files
+
+
+def write_mixed_length_documents(folder: Path, n_train: int, n_validation: int, skew: float = 0.8) -> dict:
+    """Half short documents (30-90 filler words: one window at --max_length 128) and half long ones
+    (210-760 words: 3-8 windows at 128 with a stride of 32), each with a verdict sentence at a random place
+    that decides its label; the labels differ by length: `skew` of the short ones are positive, `skew` of
+    the long ones negative. JSONL files (text, label), seeded."""
+    rng = random.Random(1)
+    files = {}
+    for split, n in (("train", n_train), ("validation", n_validation)):
+        rows = []
+        for i in range(n):
+            short = i % 2 == 0
+            label = ("positive", "negative")[(rng.random() < skew) != short]
+            words = [rng.choice(WORDS) for _ in range(rng.randrange(*((30, 90) if short else (210, 760))))]
+            at = rng.randrange(len(words))
+            words[at:at] = ["the", "verdict", "is", *[label] * REPEATS, "."]
+            rows.append({"text": " ".join(words), "label": label})
+        files[split] = folder / f"mixed_{split}.jsonl"
+        files[split].write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return files

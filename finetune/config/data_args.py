@@ -15,6 +15,7 @@ GLUE_DATASET = "nyu-mll/glue"
 TaskName = Literal[TASK_CHOICES]
 LongDocuments = Literal["truncate", "sliding_window"]
 WindowAggregation = Literal["mean", "max"]
+WindowLossWeighting = Literal["window", "document"]
 SPLIT_NAMES = {"train_split_name": "train", "validation_split_name": "validation", "test_split_name": "test"}
 
 
@@ -66,8 +67,7 @@ class DataArgs:
     """A text longer than --max_length: truncate (its first tokens only), or sliding_window: overlapping
     windows of --max_length tokens, each with the tokenizer's special tokens (a pair's long first text is
     windowed, its second text kept whole in every window). In training each window is one example with its
-    document's label, so a document weighs in the loss by its number of windows, as in HF's run_qa (every
-    token is trained on, and each example weighs the same in a batch); evaluation and predictions score
+    document's label, weighed in the loss as --window_loss_weighting says; evaluation and predictions score
     documents (--window_aggregation), eval_*_samples and predictions.jsonl count documents. Needs a fast
     tokenizer."""
     doc_stride: int | None = None
@@ -77,6 +77,13 @@ class DataArgs:
     window_aggregation: WindowAggregation = "mean"
     """--long_documents sliding_window: a document's logits from its windows' logits: mean, or max (per class,
     label or score: the highest logit any window gives it); then softmax, sigmoid or the score as usual."""
+    window_loss_weighting: WindowLossWeighting | None = None
+    """--long_documents sliding_window: how a long document weighs against a short one in the training loss.
+    document: each window weighs 1 / its document's windows, so every document weighs 1; window: each window
+    weighs 1, so a document weighs by its number of windows (HF run_qa's way). Either way the loss of an
+    update is its windows' weighted mean (over every micro-batch and process of the update). Default:
+    document (docs/log.md, 2026-11-26, has the measurement); under truncate, where a document is one
+    window, window."""
     max_train_samples: int | None = None
     """Use only the first N training rows (debugging)."""
     max_eval_samples: int | None = None
@@ -99,6 +106,16 @@ class DataArgs:
                 "--doc_stride is the overlap of --long_documents sliding_window's windows; add "
                 "--long_documents sliding_window or drop --doc_stride"
             )
+        windowed = self.long_documents == "sliding_window"
+        if self.window_loss_weighting == "document" and not windowed:
+            raise ConfigError(
+                "--window_loss_weighting document weighs the windows of --long_documents sliding_window; add "
+                "--long_documents sliding_window or drop --window_loss_weighting",
+                flag="--window_loss_weighting",
+                fix="add --long_documents sliding_window or drop --window_loss_weighting",
+            )
+        if self.window_loss_weighting is None:  # recorded resolved: a truncated document is one window
+            object.__setattr__(self, "window_loss_weighting", "document" if windowed else "window")
         if self.text_columns is not None and not 1 <= len(self.text_column_names) <= 2:
             raise ConfigError(f"--text_columns takes 1 or 2 comma-separated names, got {self.text_columns!r}")
         if self.task_name == "custom" and not self.text_columns:

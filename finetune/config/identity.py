@@ -20,7 +20,7 @@ IDENTITY_FLAGS = (
     # task and labels
     "task_name", "text_columns", "label_column", "label_separator", "ignore_mismatched_sizes",
     "class_weights", "validation_split_percentage", "max_length", "max_train_samples", "max_eval_samples",
-    "long_documents", "doc_stride", "window_aggregation",
+    "long_documents", "doc_stride", "window_aggregation", "window_loss_weighting",
     # model
     "model_revision", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
     "lora_target_modules", "lora_modules_to_save",
@@ -113,6 +113,7 @@ ADDED_LATER = {
     "long_documents": "truncate",
     "doc_stride": None,
     "window_aggregation": "mean",
+    "window_loss_weighting": "window",
 }
 
 

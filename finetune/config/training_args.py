@@ -159,7 +159,8 @@ for multi-label (eval_ece_<label>, eval_brier_<label>)."""
     validation split's logits (least NLL) and divide the exported model's classification layer by it, so
     `pipeline`, predictions.jsonl and later evaluations give softmax(logits / T) with the same argmax;
     results.json gets calibration_temperature and ECE before and after, reliability_diagram.png both.
-    Single-label classification only."""
+    Multi-label: one T for every label, fit on the binary NLL of sigmoid(logits / T), ECE per label and
+    averaged; needs --multi_label_threshold 0.5, where every predicted label stays. Not for regression."""
 
     def __post_init__(self):
         """Checks of this group's flags alone; --load_best_model_at_end defaults to whether it evaluates."""

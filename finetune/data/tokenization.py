@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from datasets import Dataset
 
 from finetune.data.tasks import Task
@@ -15,12 +17,14 @@ def tokenize_splits(
     max_length: int,
     accelerator,
     doc_stride: int | None = None,
+    weigh_documents: bool = False,
 ) -> dict[str, Dataset]:
     """Collective (rank 0 tokenizes first): token ids plus a `length` column (test: the `row` number
     instead of labels); cached by `datasets`, so a second run skips the work.
 
     `doc_stride` (--long_documents sliding_window): long texts become overlapping windows, each with its
-    row's label; evaluation and test windows also carry their row's number as `doc`."""
+    row's label; evaluation and test windows also carry their row's number as `doc`. `weigh_documents`
+    (--window_loss_weighting document): training windows carry `weight`, 1 / their document's windows."""
 
     def encode(batch, rows, name):
         texts = [[str(t) if t is not None else "" for t in batch[c]] for c in task.text_columns]
@@ -32,6 +36,9 @@ def tokenize_splits(
             source = encoded.pop("doc")
             if name != "train":  # training takes each window as one example; the others score documents
                 encoded["doc"] = [rows[i] for i in source]
+            elif weigh_documents:  # a batch of rows holds all the windows of each of them
+                windows = Counter(source)
+                encoded["weight"] = [1.0 / windows[i] for i in source]
         if "label" in batch:
             encoded["labels"] = [batch["label"][i] for i in source]
         else:

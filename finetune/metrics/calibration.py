@@ -8,8 +8,9 @@ the Brier score, the reliability bins behind both, and the temperature that cali
   (0 to 2; Brier's 1950 definition). Multi-label: each label's sigmoid p as a binary problem, with the
   binary Brier score mean((p - y)^2) (0 to 1) and ECE over the confidence max(p, 1 - p) of the
   prediction p >= 0.5; `ece` and `brier` are then the means over labels.
-- Temperature: the T > 0 that minimizes the negative log-likelihood of softmax(logits / T), found by a
-  golden-section search over log T in [log 0.01, log 100] (NLL is convex in 1/T, so unimodal in log T).
+- Temperature: the T > 0 that minimizes the negative log-likelihood of softmax(logits / T) (multi-label:
+  of every label's sigmoid(logits / T), one T shared by all labels), found by a golden-section search over
+  log T in [log 0.01, log 100] (NLL is convex in 1/T, so unimodal in log T).
 """
 
 from __future__ import annotations
@@ -70,19 +71,25 @@ def multi_label_calibration(logits: torch.Tensor, references: torch.Tensor, name
     return scores
 
 
-def negative_log_likelihood(logits: torch.Tensor, references: torch.Tensor, temperature: float) -> float:
-    """Mean NLL of softmax(logits / temperature), in float64."""
+def negative_log_likelihood(
+    logits: torch.Tensor, references: torch.Tensor, temperature: float, multi_label: bool = False
+) -> float:
+    """Mean NLL of softmax(logits / temperature) over rows, in float64; multi-label: of each label's
+    sigmoid(logits / temperature) against its 0/1 target (binary cross-entropy), over rows and labels."""
+    if multi_label:
+        return float(F.binary_cross_entropy_with_logits(logits.double() / temperature, references.double()))
     return float(F.cross_entropy(logits.double() / temperature, references.long()))
 
 
-def fit_temperature(logits: torch.Tensor, references: torch.Tensor) -> float:
-    """The temperature T that minimizes the validation NLL of softmax(logits / T): a deterministic
-    golden-section search over log T within TEMPERATURE_RANGE, on the CPU in float64. The same
-    logits give the same T bit for bit on every machine that rounds float64 the same way."""
-    logits, references = logits.detach().cpu().double(), references.detach().cpu().long()
+def fit_temperature(logits: torch.Tensor, references: torch.Tensor, multi_label: bool = False) -> float:
+    """The temperature T that minimizes the validation NLL of softmax(logits / T) (multi-label: the
+    binary NLL of sigmoid(logits / T), one T for every label): a deterministic golden-section search over
+    log T within TEMPERATURE_RANGE, on the CPU in float64. The same logits give the same T bit for bit
+    on every machine that rounds float64 the same way."""
+    logits, references = logits.detach().cpu().double(), references.detach().cpu()
 
     def nll(log_t: float) -> float:
-        return negative_log_likelihood(logits, references, math.exp(log_t))
+        return negative_log_likelihood(logits, references, math.exp(log_t), multi_label)
 
     low, high = (math.log(t) for t in TEMPERATURE_RANGE)
     ratio = (math.sqrt(5) - 1) / 2

@@ -185,10 +185,12 @@ def _long_documents_line(config: TrainConfig) -> str:
     """How texts longer than --max_length were read (the model scores one window of them)."""
     if config.window_stride is None:
         return f"- long documents: truncated to --max_length {config.max_length} tokens"
+    weighs = {"document": "1 / its document's windows", "window": "1, so a document by its windows"}
     return (
         f"- long documents: sliding windows of {config.max_length} tokens overlapping by "
-        f"{config.window_stride} (each window one training example with its document's label); a "
-        "document's score: the "
+        f"{config.window_stride} (each window one training example with its document's label, weighing "
+        f"{weighs[config.window_loss_weighting]} in the loss: --window_loss_weighting "
+        f"{config.window_loss_weighting}); a document's score: the "
         f"{config.window_aggregation} of its windows' logits (`finetune.long_documents.score_document`; "
         "a `pipeline` scores one window)"
     )

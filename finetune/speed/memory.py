@@ -64,7 +64,7 @@ def fit_batch_size(
     @find_executable_batch_size(starting_batch_size=start_batch, reduce_batch_size_fn=halve)
     def probe(batch_size: int) -> int:
         batch = collate([inputs[i] for i in longest[:batch_size]])
-        batch = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+        batch = {k: v.to(device) for k, v in batch.items() if k not in ("labels", "weight")}
         devices = [device] if device.type == "cuda" else []
         trainable = [p for p in model.parameters() if p.requires_grad]
         moments = [torch.empty_like(p) for p in trainable for _ in range(2)]  # noqa: F841 (held, not read)

@@ -2,14 +2,17 @@
 (finetune.metrics.calibration.fit_temperature) and baked into the model's classification layer (its
 weight and bias divided by T), so the exported model, predictions.jsonl and any later evaluation give
 softmax(logits / T) with no code on the user's side. The argmax, so every prediction and accuracy,
-stays the same.
+stays the same. Multi-label: one T shared by every label, fit on the binary NLL of sigmoid(logits / T);
+at --multi_label_threshold 0.5 (sigmoid(z / T) >= 0.5 exactly when z >= 0) every predicted label stays.
 
 results.json keys (`<split>`: as eval_key names it, e.g. eval_matched_... for MNLI):
 - `calibration_temperature`: T (logits are divided by it; above 1: the model was overconfident);
 - `eval_ece_before_calibration`, `eval_ece_after_calibration`: ECE of the exported model on the
   validation rows T was fit on, before and after dividing by T;
 - `eval_brier_before_calibration`, `eval_brier_after_calibration`, `eval_nll_before_calibration`,
-  `eval_nll_after_calibration`: the same for the Brier score and the mean negative log-likelihood.
+  `eval_nll_after_calibration`: the same for the Brier score and the mean negative log-likelihood;
+- multi-label: also each label's, `eval_ece_<label>_before_calibration`, ..._after_calibration (and brier);
+  `eval_ece_*` and `eval_brier_*` are the means over labels, `eval_nll_*` the binary NLL over every label.
 The other eval_* keys are the training evaluations', measured before calibration.
 """
 
@@ -25,6 +28,7 @@ from finetune.data.tasks import Task, eval_key
 from finetune.errors import ConfigError
 from finetune.metrics.calibration import (
     fit_temperature,
+    multi_label_calibration,
     negative_log_likelihood,
     reliability_bins,
     single_label_calibration,
@@ -46,12 +50,12 @@ def check_calibration(config, task: Task, splits: dict) -> None:
             "drop --calibrate",
             flag="--calibrate",
         )
-    if task.multi_label:
+    if task.multi_label and task.threshold != 0.5:
         raise ConfigError(
-            f"{flag} is for single-label classification; this task is multi-label: drop --calibrate "
-            "(eval_ece_<label> and eval_brier_<label> still measure each label)",
+            f"{flag} keeps every predicted label only at --multi_label_threshold 0.5 (sigmoid(z / T) >= 0.5 "
+            f"exactly when z >= 0); this run has {task.threshold}: drop --calibrate, or use 0.5",
             flag="--calibrate",
-            fix="drop --calibrate",
+            fix="drop --calibrate, or use --multi_label_threshold 0.5",
         )
     if task.validation_splits[0] not in splits:
         raise ConfigError(
@@ -71,23 +75,31 @@ def calibrate_model(run) -> dict:
     # window by T divides that aggregate by T, so T fitted here is the one the predictions see.
     loader = run.eval_loaders[split]
     references, logits = _gathered_logits(accelerator, run.model, loader, "labels", None, task)
-    fitted = fit_temperature(logits, references)  # every rank: the same gathered logits, the same T
+    multi = task.multi_label
+    fitted = fit_temperature(logits, references, multi)  # every rank: the same gathered logits, the same T
     fitted = torch.tensor([fitted], dtype=torch.float64, device=accelerator.device)
     temperature = float(broadcast(fitted, from_process=0)[0])  # rank 0's, so the replicas stay identical
     scale_head(accelerator.unwrap_model(run.model, keep_torch_compile=False), 1 / temperature)
     results = {"calibration_temperature": temperature}
     curves = {}
     for stage, scaled in (("before", logits), ("after", logits / temperature)):
-        scores = single_label_calibration(scaled, references)
-        scores["nll"] = negative_log_likelihood(scaled, references, 1.0)
+        if multi:
+            scores = multi_label_calibration(scaled, references, task.label_names)
+            p = scaled.double().sigmoid().flatten()  # every label's binary prediction p >= 0.5
+            confidence, correct = torch.maximum(p, 1 - p), (p >= 0.5).double() == references.flatten()
+        else:
+            scores = single_label_calibration(scaled, references)
+            confidence, predicted = scaled.double().softmax(dim=-1).max(dim=-1)
+            correct = predicted == references
+        scores["nll"] = negative_log_likelihood(scaled, references, 1.0, multi)
         results.update({eval_key(split, f"{m}_{stage}_calibration"): v for m, v in scores.items()})
-        confidence, predicted = scaled.double().softmax(dim=-1).max(dim=-1)
-        curves[f"{stage} (ECE {scores['ece']:.4f})"] = reliability_bins(confidence, predicted == references)
+        curves[f"{stage} (ECE {scores['ece']:.4f})"] = reliability_bins(confidence, correct)
     if accelerator.is_main_process:
         output_dir = run.config.output_dir
         with writing(RELIABILITY_FILE, output_dir):
             title = f"{eval_key(split, 'reliability')}, T = {temperature:.4f}"
-            plot_reliability_diagram(curves, title, f"{output_dir}/{RELIABILITY_FILE}")
+            what = "each label's max(p, 1 - p)" if multi else "max softmax probability"
+            plot_reliability_diagram(curves, title, f"{output_dir}/{RELIABILITY_FILE}", what)
         print(f"--calibrate temperature: T = {temperature:.4f} baked into the model's classification layer")
     return results
 

@@ -26,23 +26,29 @@ def load_metric(task: Task, accelerator):
         )
 
 
-def loss_sum(logits: torch.Tensor, labels: torch.Tensor, task: Task) -> torch.Tensor:
+def loss_sum(
+    logits: torch.Tensor, labels: torch.Tensor, task: Task, weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """Summed over the batch, in fp32 whatever the autocast dtype: cross-entropy (each row weighted
     by its class's --class_weights, targets smoothed by --label_smoothing_factor), squared error, or
     for multi-label rows binary cross-entropy averaged over the labels (transformers'
-    BCEWithLogitsLoss per row)."""
+    BCEWithLogitsLoss per row). `weight`: one per row (--window_loss_weighting document), multiplying
+    each row's loss in the sum."""
+    reduction = "sum" if weight is None else "none"
     if task.is_regression:
-        return F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="sum")
-    if task.multi_label:
-        bce = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="sum")
-        return bce / logits.shape[-1]
-    # Unnormalized (the sum of weight x loss, not divided by the weights): 'balanced' weights
-    # average 1 over the training rows, so the loss keeps its scale.
-    weights = task.class_weights
-    weight = None if weights is None else torch.tensor(weights, dtype=torch.float32, device=logits.device)
-    return F.cross_entropy(
-        logits.float(), labels, weight=weight, reduction="sum", label_smoothing=task.label_smoothing
-    )
+        loss = F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction=reduction)
+    elif task.multi_label:
+        bce = F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction=reduction)
+        loss = (bce if weight is None else bce.sum(dim=-1)) / logits.shape[-1]
+    else:
+        # Unnormalized (the sum of weight x loss, not divided by the weights): 'balanced' weights
+        # average 1 over the training rows, so the loss keeps its scale.
+        weights, device = task.class_weights, logits.device
+        classes = None if weights is None else torch.tensor(weights, dtype=torch.float32, device=device)
+        loss = F.cross_entropy(
+            logits.float(), labels, weight=classes, reduction=reduction, label_smoothing=task.label_smoothing
+        )
+    return loss if weight is None else (loss * weight.to(loss.dtype)).sum()
 
 
 class EvaluationAbandoned(Exception):

@@ -74,7 +74,7 @@ def train(run: Run, stop: StopSignals):
     full_window = config.per_device_train_batch_size * config.gradient_accumulation_steps * world_size
     metric = load_metric(run.task, accelerator)
     run.first_nonfinite_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)
-    window_samples = 0
+    window_samples, window_weight = 0, None  # pairs (and their loss weights) in this update so far
     # A context manager: the bar is closed before any error message is printed.
     with tqdm(
         total=plan.total_updates,
@@ -103,19 +103,24 @@ def train(run: Run, stop: StopSignals):
                 if state.global_step >= plan.total_updates:  # also: resumed after the last step
                     break
                 labels = batch.pop("labels")
+                weight = batch.pop("weight", None)  # --window_loss_weighting document: 1 / the doc's windows
                 with accelerator.accumulate(model):  # no gradient all-reduce until the window's last one
-                    summed = loss_sum(model(**batch).logits, labels, run.task)
+                    summed = loss_sum(model(**batch).logits, labels, run.task, weight)
                     # Scaled as the mean over a full micro-batch; Accelerate divides by the accumulation
                     # steps and DDP averages over ranks, so a full window yields the mean over its pairs.
                     accelerator.backward(summed / config.per_device_train_batch_size)
                 window_samples += labels.shape[0]
+                weights = None if weight is None else weight.sum(dtype=torch.float64)
+                if weights is not None:  # on the device
+                    window_weight = weights if window_weight is None else window_weight + weights
                 state.micro_batches_in_epoch += 1
-                meter.add(summed, batch["attention_mask"], labels.shape[0])
+                meter.add(summed, batch["attention_mask"], labels.shape[0], weights)
                 if not accelerator.sync_gradients:  # the same on every rank: the window goes on
                     continue
-                meter.grad_norm = _optimizer_step(run, window_samples, full_window)  # collective; on device
+                # Collective; on the device.
+                meter.grad_norm = _optimizer_step(run, window_samples, full_window, window_weight)
                 state.global_step += 1
-                window_samples = 0
+                window_samples, window_weight = 0, None
                 progress.update(1)
                 halted = after_update(run, metric, stop, progress)  # collective: log, evaluate, checkpoint
                 if halted:
@@ -152,7 +157,7 @@ def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
     return stopped_early(config, state)
 
 
-def _optimizer_step(run: Run, window_samples: int, full_window: int) -> torch.Tensor:
+def _optimizer_step(run: Run, window_samples: int, full_window: int, window_weight=None) -> torch.Tensor:
     """Collective: one update from the accumulated gradients; returns their norm, on the device.
 
     Nothing here waits for the device. A NaN or inf norm (identical on every rank after the
@@ -160,8 +165,8 @@ def _optimizer_step(run: Run, window_samples: int, full_window: int) -> torch.Te
     in fp16 GradScaler skips it itself) and the step is kept in `run.first_nonfinite_step`, read at
     the next log line, checkpoint or evaluation, which fail the run naming that step."""
     accelerator, model, config = run.accelerator, run.model, run.config
-    if accelerator.gradient_state.end_of_dataloader:  # every rank at once
-        _average_over_real_window(accelerator, model, window_samples, full_window)
+    if accelerator.gradient_state.end_of_dataloader or window_weight is not None:  # every rank at once
+        _average_over_real_window(accelerator, model, window_samples, full_window, window_weight)
     # With clipping off the norm is still measured (max inf): it is the NaN guard.
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
     nonfinite = ~torch.isfinite(grad_norm)
@@ -189,11 +194,11 @@ def _raise_if_diverged(run: Run) -> None:
 def _train_record(run: Run, meter: _Meter) -> dict:
     """Collective: the metrics.jsonl line for the steps since the last one (reads the device)."""
     _raise_if_diverged(run)
-    loss_total, samples, tokens, seconds = meter.flush(run.accelerator, run.state)
+    loss, samples, tokens, seconds = meter.flush(run.accelerator, run.state)
     return {
         "step": run.state.global_step,
         "epoch": _fractional_epoch(run),
-        "loss": loss_total / samples,
+        "loss": loss,
         "learning_rate": run.scheduler.get_last_lr()[0],
         "grad_norm": float(meter.grad_norm),
         "samples_per_second": samples / seconds,
@@ -255,20 +260,24 @@ def _evaluate_if_due(run: Run, metric, stop: StopSignals, progress) -> float:
     return time.perf_counter() - tic
 
 
-def _average_over_real_window(accelerator, model, window_samples: int, full_window: int) -> None:
+def _average_over_real_window(
+    accelerator, model, window_samples: int, full_window: int, window_weight: torch.Tensor | None = None
+) -> None:
     """Collective. The epoch's last window may hold fewer pairs (fewer micro-batches, a short last
     batch): rescale its gradients so the update is the mean over the pairs it really saw, not
     their sum divided by a full window (what accumulate alone, HF Trainer and Lightning do).
-    With several processes the scale stays on the device: no wait for it."""
-    if accelerator.num_processes == 1:
+    `window_weight` (--window_loss_weighting document; every window): this rank's pairs' loss weights
+    summed, so the update is the weighted mean over every rank's pairs: the weights' sum replaces the
+    count of pairs. With several processes the scale stays on the device: no wait for it."""
+    if accelerator.num_processes == 1 and window_weight is None:
         if window_samples == full_window:
             return
         scale = full_window / window_samples
     else:
-        seen = accelerator.reduce(
-            torch.tensor(window_samples, device=accelerator.device, dtype=torch.float64), "sum"
-        )
-        scale = full_window / seen
+        seen = window_weight
+        if seen is None:
+            seen = torch.tensor(window_samples, device=accelerator.device, dtype=torch.float64)
+        scale = full_window / accelerator.reduce(seen, "sum")
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     torch._foreach_mul_(grads, scale)
 

@@ -1,5 +1,5 @@
-"""Loss, samples, tokens and seconds since the last log line, kept on the device; epochs and MFU
-as metrics.jsonl writes them."""
+"""Loss, samples (and their loss weights), tokens and seconds since the last log line, kept on the
+device; epochs and MFU as metrics.jsonl writes them."""
 
 from __future__ import annotations
 
@@ -27,6 +27,9 @@ class _Meter:
         self.loss = torch.tensor(window.get("loss_sum", 0.0), device=device, dtype=torch.float64)
         self.tokens = torch.tensor(float(window.get("tokens", 0)), device=device, dtype=torch.float64)
         self.samples = window.get("samples", 0)
+        # The loss's weights summed (--window_loss_weighting document); otherwise 1 a pair, the samples.
+        weights = window.get("weights", self.samples)
+        self.weights = torch.tensor(float(weights), device=device, dtype=torch.float64)
         self.grad_norm = torch.zeros((), device=device)
         """The last step's gradient norm, on the device until a line is logged."""
         self.started = time.perf_counter()
@@ -51,36 +54,40 @@ class _Meter:
         """Collective (one all-reduce and read, at a checkpoint: a wait anyway): the open window's sums
         over every rank and the run's seconds into `state`, for a run resumed from it."""
         samples = torch.tensor(float(self.samples), device=self.loss.device, dtype=self.loss.dtype)
-        loss_total, samples, tokens = accelerator.reduce(
-            torch.stack([self.loss, samples, self.tokens]), "sum"
+        loss_total, samples, tokens, weights = accelerator.reduce(
+            torch.stack([self.loss, samples, self.tokens, self.weights]), "sum"
         ).tolist()
         seconds = time.perf_counter() - self.since
         state.log_window = {
             "loss_sum": loss_total,
             "samples": int(samples),
             "tokens": int(tokens),
+            "weights": weights,
             "seconds": seconds,
         }
         state.train_runtime_s, state.eval_runtime_s = self.run_seconds()
 
-    def add(self, summed_loss: torch.Tensor, attention_mask: torch.Tensor, samples: int) -> None:
+    def add(self, summed_loss: torch.Tensor, attention_mask: torch.Tensor, samples: int, weights=None):
+        """`summed_loss` of `samples` pairs; `weights`: the sum of their loss weights (None: 1 each)."""
         self.loss += summed_loss.detach()
         self.tokens += attention_mask.sum()
         self.samples += samples
+        self.weights += samples if weights is None else weights
 
     def flush(self, accelerator, state: TrainState) -> tuple[float, int, int, float]:
-        """Collective: every rank's sums, added to the run's totals: (loss sum, pairs, tokens, seconds)."""
+        """Collective: every rank's sums, added to the run's totals: (the loss's weighted mean, pairs,
+        tokens, seconds)."""
         samples = torch.tensor(float(self.samples), device=self.loss.device, dtype=self.loss.dtype)
-        loss_total, samples, tokens = accelerator.reduce(
-            torch.stack([self.loss, samples, self.tokens]), "sum"
+        loss_total, samples, tokens, weights = accelerator.reduce(
+            torch.stack([self.loss, samples, self.tokens, self.weights]), "sum"
         ).tolist()
         state.samples_seen += int(samples)
         state.tokens_seen += int(tokens)
         now = time.perf_counter()
         seconds, self.since = now - self.since, now
-        self.loss.zero_(), self.tokens.zero_()
+        self.loss.zero_(), self.tokens.zero_(), self.weights.zero_()
         self.samples = 0
-        return loss_total, int(samples), int(tokens), seconds
+        return loss_total / max(weights, 1e-12), int(samples), int(tokens), seconds
 
 
 def _fractional_epoch(run: Run) -> float:

@@ -1,6 +1,6 @@
 """--calibrate temperature end to end: an overconfident tiny BERT (64 rows, 20 epochs) is calibrated on
 its validation rows (the task is MNLI: eval_matched_* keys); the exported model keeps every prediction
-and gives softmax(logits / T).
+and gives softmax(logits / T). Multi-label: one T for every label's sigmoid, every label kept.
 
 The metrics, the fit and the baking alone: tests/unit/test_calibration.py."""
 
@@ -113,3 +113,63 @@ def test_two_processes_fit_the_temperature_of_every_row_and_bake_it_on_both(
         before = model(**encoded).logits * temperature  # the model before baking
     labels = torch.tensor([r["label"] for r in rows])
     assert fit_temperature(before, labels) == pytest.approx(temperature, rel=1e-3)
+
+
+def noisy_tagged_files(folder) -> dict:
+    """tests/e2e/test_multilabel.py's tagged rows (64 to train, 120 to validate), each tag flipped 15% of
+    the time: a model that memorizes them is confidently wrong on some."""
+    import random
+
+    from tests.e2e.test_multilabel import TAGS, tagged_row
+
+    rng = random.Random(0)
+    files = {}
+    for split, n in (("train", 64), ("validation", 120)):
+        rows = [tagged_row(rng) for _ in range(n)]
+        noisy = [[tag for tag in TAGS if (tag in tags) != (rng.random() < 0.15)] for _, tags in rows]
+        files[split] = folder / f"{split}.jsonl"
+        lines = [
+            json.dumps({"text": text, "tags": tags}) for (text, _), tags in zip(rows, noisy, strict=True)
+        ]
+        files[split].write_text("\n".join(lines) + "\n")
+    return files
+
+
+def test_multi_label_calibration_lowers_ece_and_keeps_every_label(tiny_model_dir, tmp_path):
+    """One T for every label, on a tiny BERT memorizing noisy tags: the mean ECE goes down; predictions.jsonl
+    and `pipeline` give sigmoid(z / T) of the model before baking (z = the exported logits x T), so every
+    label at 0.5 stays as the uncalibrated model gave it."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+    files, out = noisy_tagged_files(tmp_path), tmp_path / "out"
+    flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "tags", "--do_predict"]
+    flags += ["--test_file", str(files["validation"]), "--calibrate", "temperature"]
+    results = main(tiny_args(tiny_model_dir, files, out, *OVERFIT[:-1], *flags))
+    temperature = results["calibration_temperature"]
+    assert temperature > 1  # overconfident
+    assert results["eval_ece_after_calibration"] < results["eval_ece_before_calibration"]
+    assert results["eval_ece_before_calibration"] == pytest.approx(results["eval_ece"], abs=1e-6)
+    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
+    names = [model.config.id2label[k] for k in range(model.config.num_labels)]
+    for name in names:  # each label's too
+        assert (
+            f"eval_ece_{name}_after_calibration" in results
+            and f"eval_brier_{name}_before_calibration" in results
+        )
+    texts = [row["text"] for row in read_jsonl(files["validation"])]
+    encoded = AutoTokenizer.from_pretrained(out)(
+        texts, truncation=True, max_length=64, padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        uncalibrated = model(**encoded).logits * temperature
+    predictions = read_jsonl(out / "predictions.jsonl")
+    assert sum(len(p["labels"]) for p in predictions) > 0 and (out / "reliability_diagram.png").is_file()
+    assert [p["labels"] for p in predictions] == [
+        [name for name, z in zip(names, row, strict=True) if z >= 0] for row in uncalibrated.tolist()
+    ]
+    got = torch.tensor([[p["probabilities"][name] for name in names] for p in predictions])
+    torch.testing.assert_close(got, (uncalibrated / temperature).sigmoid(), rtol=1e-4, atol=1e-5)
+    classify = pipeline("text-classification", model=str(out), top_k=None, device="cpu")  # sigmoid
+    scores = [{s["label"]: s["score"] for s in row} for row in classify(texts[:8])]
+    scored = torch.tensor([[row[name] for name in names] for row in scores])
+    torch.testing.assert_close(scored, got[:8], rtol=1e-4, atol=1e-5)

@@ -1,21 +1,24 @@
 """--long_documents sliding_window end to end: documents of 400-800 tokens whose label one verdict sentence
 decides, placed anywhere; the tiny BERT at --max_length 128 reads it only through windows. Documents are
 counted once on 2 processes, and finetune.long_documents.score_document gives predictions.jsonl's lines.
+--window_loss_weighting document, on short and long documents, resumes and accumulates exactly.
 
 The windows and the grouping alone: tests/unit/test_windows.py."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
+import torch
 
 from finetune.errors import ConfigError
 from finetune.long_documents import score_document
 from finetune.mnli import main
 from tests.e2e.test_distributed import two_process
-from tests.helpers import read_jsonl, reset_accelerate
-from tests.task_data import write_long_documents
+from tests.helpers import read_jsonl, reset_accelerate, weights, without_dropout
+from tests.task_data import write_long_documents, write_mixed_length_documents
 
 N_TRAIN, N_VALIDATION = 160, 60
 
@@ -98,6 +101,53 @@ def test_two_processes_count_every_document_once(runs, files, tmp_path):
         alone = score_document(model, documents[line["row"]]["text"])
         assert alone["label"] == line["label"] and alone["windows"] == line["windows"]
         assert alone["probabilities"] == pytest.approx(line["probabilities"], abs=1e-5)
+
+
+WEIGHTED = ["--long_documents", "sliding_window", "--max_train_steps", "4", "--group_by_length", "false"]
+WEIGHTED += ["--eval_strategy", "no"]  # the same windows in every update, however they are split
+
+
+@pytest.fixture(scope="module")
+def weighted(tiny_model_dir, tmp_path_factory):
+    """--window_loss_weighting document (the default) on short and long documents, dropout off (other
+    batch splits draw other masks), 4 steps, a checkpoint every 2: (model, files, output_dir)."""
+    folder = tmp_path_factory.mktemp("weighted")
+    files = write_mixed_length_documents(folder, 24, 8)
+    model = without_dropout(tiny_model_dir, folder / "model")
+    main(long_args(model, files, folder / "out", *WEIGHTED, "--checkpointing_steps", "2"))
+    reset_accelerate()
+    return model, files, folder / "out"
+
+
+def assert_close_weights(a: dict, b: dict) -> None:
+    for name in a:  # a softmax key bias's gradient is rounding noise (tests/helpers.assert_same_weights)
+        if not name.endswith("attention.self.key.bias"):
+            torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_document_weighting_resumes_bitwise_and_accumulates_exactly(weighted, tmp_path):
+    """Resumed from its step-2 checkpoint, the run ends bit for bit where the unbroken one did; 8 windows x 2
+    accumulated micro-batches update as 16 at once (the weights' sum of the whole update divides it)."""
+    model, files, unbroken = weighted
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(unbroken / "checkpoint-2", resumed / "checkpoint-2")
+    main(
+        long_args(
+            model, files, resumed, *WEIGHTED, "--checkpointing_steps", "2", "--resume_from_checkpoint", "auto"
+        )
+    )
+    reset_accelerate()
+    accumulated = tmp_path / "accumulated"
+    accumulate = ["--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"]
+    main(long_args(model, files, accumulated, *WEIGHTED, *accumulate))
+    a, b = weights(unbroken), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert_close_weights(a, weights(accumulated))
+    recorded = json.loads((unbroken / "train_config.json").read_text())
+    assert recorded["window_loss_weighting"] == recorded["identity"]["window_loss_weighting"] == "document"
+    assert "weighing 1 / its document's windows" in (unbroken / "README.md").read_text()
+    assert all(line["loss"] > 0 for line in read_jsonl(unbroken / "metrics.jsonl") if "loss" in line)
 
 
 def test_a_stride_without_room_and_a_second_text_too_long_are_refused(tiny_model_dir, files, tmp_path):

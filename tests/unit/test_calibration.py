@@ -99,15 +99,35 @@ class Flags:
     calibrate = "temperature"
 
 
-@pytest.mark.parametrize(
-    "task",
-    [custom_task(("text",), None), custom_task(("text",), ("a", "b"), multi_label=True)],
-    ids=["regression", "multi-label"],
-)
-def test_calibrate_refuses_tasks_it_cannot_calibrate(task):
+def test_calibrate_refuses_regression():
     with pytest.raises(ConfigError) as refused:
-        check_calibration(Flags, task, {"validation": []})
+        check_calibration(Flags, custom_task(("text",), None), {"validation": []})
     assert refused.value.flag == "--calibrate" and "drop --calibrate" in refused.value.fix
+
+
+def test_multi_label_calibration_needs_the_threshold_at_which_no_label_changes():
+    from dataclasses import replace
+
+    multi_label = custom_task(("text",), ("a", "b"), multi_label=True)
+    check_calibration(Flags, multi_label, {"validation": []})  # 0.5: sigmoid(z / T) >= 0.5 iff z >= 0
+    with pytest.raises(ConfigError) as refused:
+        check_calibration(Flags, replace(multi_label, threshold=0.3), {"validation": []})
+    assert refused.value.flag == "--calibrate"
+    assert refused.value.fix == "drop --calibrate, or use --multi_label_threshold 0.5"
+
+
+@pytest.mark.parametrize("true_temperature", [0.5, 2.5])
+def test_one_temperature_for_every_label_recovers_a_known_temperature(true_temperature):
+    """Multi-label: the binary NLL of every label's sigmoid(logits / T), one T shared by the labels."""
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(20_000, 4, generator=generator, dtype=torch.float64) * 2
+    labels = torch.bernoulli(z.sigmoid(), generator=generator)
+    fitted = fit_temperature((z * true_temperature).float(), labels, multi_label=True)
+    assert fitted == pytest.approx(true_temperature, rel=0.05)
+    scaled = (z * true_temperature) / fitted
+    names = ("a", "b", "c", "d")
+    before = multi_label_calibration(z * true_temperature, labels, names)["ece"]
+    assert multi_label_calibration(scaled, labels, names)["ece"] < before
 
 
 def test_calibrate_refuses_a_run_without_validation_rows():

@@ -95,3 +95,82 @@ def test_every_window_gets_the_tokenizers_special_tokens():
     windows = encoded["input_ids"]
     assert len(windows) > 4 and all(w[0] == 0 and 0 not in w[1:] and len(w) <= 10 for w in windows)
     assert all(a[-3:] == b[1:4] for a, b in zip(windows, windows[1:], strict=False))
+
+
+def test_document_weighting_weighs_each_window_by_one_over_its_windows(tokenizer):
+    """Training windows carry 1 / their document's windows; the loss of a batch divided by the sum of
+    its weights is the hand-computed weighted mean, i.e. the mean over documents of their windows' mean."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from finetune.data.batching import PadCollator
+    from finetune.data.tasks import custom_task
+    from finetune.data.tokenization import tokenize_splits
+    from finetune.training.evaluation import loss_sum
+
+    task = custom_task(("text",), ("a", "b", "c"))
+    rows = Dataset.from_dict({"text": [TEXT, "short", TEXT[:40], "x y"], "label": [0, 2, 1, 1]})
+    accelerator = SimpleNamespace(main_process_first=nullcontext)
+    train = tokenize_splits(task, {"train": rows}, tokenizer, 16, accelerator, 4, weigh_documents=True)[
+        "train"
+    ]
+    docs = encode_windows(tokenizer, [list(rows["text"])], 16, 4)["doc"]
+    windows = [docs.count(d) for d in docs]
+    assert max(windows) > 3 and min(windows) == 1
+    batch = PadCollator(tokenizer)([train[i] for i in range(len(train))])
+    torch.testing.assert_close(batch["weight"], torch.tensor([1 / n for n in windows]))
+    logits = torch.randn(len(docs), 3, generator=torch.Generator().manual_seed(0))
+    labels, weight = batch["labels"], batch["weight"]
+    window_loss = -logits.log_softmax(dim=-1)[torch.arange(len(docs)), labels]
+    weighted_mean = (weight * window_loss).sum() / weight.sum()
+    torch.testing.assert_close(loss_sum(logits, labels, task, weight) / weight.sum(), weighted_mean)
+    per_document = [window_loss[[i for i, d in enumerate(docs) if d == doc]].mean() for doc in range(4)]
+    torch.testing.assert_close(weighted_mean, torch.stack(per_document).mean())
+    unweighted = tokenize_splits(task, {"train": rows}, tokenizer, 16, accelerator, 4)["train"]
+    assert "weight" not in unweighted.column_names  # --window_loss_weighting window: the loss as before
+
+
+def test_an_update_is_the_weighted_mean_over_its_micro_batches_and_processes():
+    """The loop's arithmetic: each micro-batch's weighted sum / the micro-batch size, divided by the
+    accumulation steps (Accelerate) and averaged over processes (DDP), then rescaled by the update's
+    weights summed over every rank: the gradient of the weighted mean over all the update's windows."""
+    from types import SimpleNamespace
+
+    from finetune.training.loop import _average_over_real_window
+
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(12, 5, generator=generator), torch.rand(12, generator=generator) + 0.1
+    ranks, steps, size = 2, 3, 2  # 2 processes x 3 micro-batches x 2 windows: a full update of 12
+
+    def gradient(rows, scale):
+        parameter = torch.ones(5, requires_grad=True)
+        (((x[rows] @ parameter) ** 2 * weight[rows]).sum() * scale).backward()
+        return parameter.grad
+
+    per_rank = [sum(gradient(slice(r * 6 + s * 2, r * 6 + s * 2 + 2), 1 / size / steps) for s in range(3))
+                for r in range(ranks)]  # fmt: skip
+    accumulated = SimpleNamespace(grad=sum(per_rank) / ranks)  # DDP's all-reduce: the mean over ranks
+    model = SimpleNamespace(parameters=lambda: [accumulated])
+    sums = [weight[:6].sum(dtype=torch.float64), weight[6:].sum(dtype=torch.float64)]
+    accelerator = SimpleNamespace(num_processes=ranks, device="cpu", reduce=lambda t, op: sums[0] + sums[1])
+    _average_over_real_window(accelerator, model, size * steps, ranks * steps * size, sums[0])
+    expected = gradient(slice(None), 1 / weight.sum())
+    torch.testing.assert_close(accumulated.grad, expected)
+
+
+def test_document_weighting_needs_sliding_window_and_is_its_default():
+    from finetune.config.identity import differences
+
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig(window_loss_weighting="document")
+    assert refused.value.flag == "--window_loss_weighting"
+    assert refused.value.fix == "add --long_documents sliding_window or drop --window_loss_weighting"
+    assert TrainConfig(long_documents="sliding_window").window_loss_weighting == "document"
+    assert TrainConfig().window_loss_weighting == "window"  # a truncated document is one window
+    # Runs recorded before the flag weighed windows: a finished truncated run is still the same run.
+    assert differences({"seed": 1}, {"seed": 1, "window_loss_weighting": "window"}) == []
+    assert differences({"seed": 1}, {"seed": 1, "window_loss_weighting": "document"}) == [
+        "window_loss_weighting"
+    ]
