@@ -27,9 +27,9 @@ class _Meter:
         self.loss = torch.tensor(window.get("loss_sum", 0.0), device=device, dtype=torch.float64)
         self.tokens = torch.tensor(float(window.get("tokens", 0)), device=device, dtype=torch.float64)
         self.samples = window.get("samples", 0)
-        # The loss's weights summed (--window_loss_weighting document); otherwise 1 a pair, the samples.
-        weights = window.get("weights", self.samples)
-        self.weights = torch.tensor(float(weights), device=device, dtype=torch.float64)
+        # The loss's weights summed (--window_loss_weighting document); 0 when each pair weighs 1, so an
+        # unweighted step adds nothing here (no extra kernel launch a step on a GPU).
+        self.weights = torch.tensor(float(window.get("weights", 0.0)), device=device, dtype=torch.float64)
         self.grad_norm = torch.zeros((), device=device)
         """The last step's gradient norm, on the device until a line is logged."""
         self.started = time.perf_counter()
@@ -72,7 +72,8 @@ class _Meter:
         self.loss += summed_loss.detach()
         self.tokens += attention_mask.sum()
         self.samples += samples
-        self.weights += samples if weights is None else weights
+        if weights is not None:
+            self.weights += weights
 
     def flush(self, accelerator, state: TrainState) -> tuple[float, int, int, float]:
         """Collective: every rank's sums, added to the run's totals: (the loss's weighted mean, pairs,
@@ -87,7 +88,7 @@ class _Meter:
         seconds, self.since = now - self.since, now
         self.loss.zero_(), self.tokens.zero_(), self.weights.zero_()
         self.samples = 0
-        return loss_total / max(weights, 1e-12), int(samples), int(tokens), seconds
+        return loss_total / (weights or max(samples, 1)), int(samples), int(tokens), seconds
 
 
 def _fractional_epoch(run: Run) -> float:
