@@ -186,7 +186,7 @@ def check_gloo_address(env=os.environ) -> None:
     raise ConfigError(
         f"gloo would tell the other machines this one is at {own} (what its host name {host} resolves "
         f"to), where they cannot reach it; set GLOO_SOCKET_IFNAME={interface}, the interface that reaches "
-        f"main_process_ip {master}, on every machine",
+        f"main_process_ip {master} here (on each machine, its own)",
         flag="GLOO_SOCKET_IFNAME",
         fix=f"GLOO_SOCKET_IFNAME={interface}",
     )
