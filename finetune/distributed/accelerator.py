@@ -10,6 +10,7 @@ from accelerate import Accelerator
 from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
 
 from finetune.config.train_config import TrainConfig
+from finetune.distributed.preflight import check_gloo_address
 from finetune.distributed.ranks import check_world_size, launcher_world_size
 from finetune.errors import ConfigError
 from finetune.speed.compile import dynamo_plugin
@@ -39,6 +40,8 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         raise ConfigError(
             "--ddp_comm_hook bf16 needs CUDA GPUs with NCCL; use fp16 (works over gloo) or none"
         )
+    if not torch.cuda.is_available():
+        check_gloo_address()  # every rank, before the process group that would wait 30 minutes
     join_restarted_job()
     ddp = DistributedDataParallelKwargs(
         bucket_cap_mb=config.ddp_bucket_cap_mb,

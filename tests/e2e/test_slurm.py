@@ -8,8 +8,10 @@ import json
 import subprocess
 import time
 
+import optuna
 import pytest
 import torch
+from optuna.storages.journal import JournalFileBackend
 
 from finetune.mnli import main
 from tests.helpers import (
@@ -25,6 +27,8 @@ from tests.helpers import (
 pytestmark = pytest.mark.slurm
 ROWS = ["--max_train_samples", "576"]  # 18 steps of 32 pairs: no padded last batch (test_distributed.py)
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+SWEEP_TRIAL = ["--max_train_steps", "4", "--max_train_samples", "64", "--eval_strategy", "steps",
+               "--eval_steps", "2", "--checkpointing_steps", "2", "--logging_steps", "2"]  # fmt: skip
 PAUSE_AT = 7  # mid-epoch, mid log window (lines every 5 steps), no checkpoint before it
 
 
@@ -124,3 +128,33 @@ def test_preempted_job_requeues_and_ends_bitwise_equal(
     assert f"resuming from {out / f'checkpoint-{PAUSE_AT}'} at step {PAUSE_AT}" in log
     reference, resumed = weights(two_node_run[0]), weights(out)
     assert [n for n in reference if not torch.equal(reference[n], resumed[n])] == []
+
+
+def test_sweep_array_workers_complete_a_study_each_trial_once(
+    slurm_cluster, tiny_model_dir, nli_files, tmp_path
+):
+    """accelerate_configs/slurm/sweep_array.sbatch as a job array of 2 workers (one per node) sharing one
+    study of 4 trials through its journal file: every trial finishes, each once."""
+    out = tmp_path / "study"
+    config = tmp_path / "sweep.yaml"
+    config.write_text("n_trials: 4\nsampler: random\nseed: 0\nsearch_space:\n"
+                      "  learning_rate: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")  # fmt: skip
+    command = ["sbatch", "--parsable", "--array", "0-1", "--output", f"{tmp_path}/worker-%A_%a.out",
+               "accelerate_configs/slurm/sweep_array.sbatch", "--sweep_config", str(config),
+               *tiny_args(tiny_model_dir, nli_files, out, *SWEEP_TRIAL)]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, env=slurm_cluster.env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    array = done.stdout.strip().split(";")[0]
+    tasks = [wait_until(slurm_cluster, f"{array}_{i}", finished, "end") for i in (0, 1)]
+    logs = "\n".join(log_of(task) for task in tasks)
+    assert [(t["JobState"], t["ExitCode"]) for t in tasks] == [("COMPLETED", "0:0")] * 2, logs[-4000:]
+    assert sorted(t["NodeList"] for t in tasks) == ["n1", "n2"]
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(str(out / "optuna-journal.log")))
+    trials = optuna.load_study(study_name="finetune-sweep", storage=storage).get_trials()
+    assert sorted(t.number for t in trials) == [0, 1, 2, 3]  # none asked twice
+    assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
+    assert len({t.params["learning_rate"] for t in trials}) == 4
+    for n in range(4):  # each trial run by one worker, once
+        assert logs.count(f"trial {n} COMPLETE: ") == 1, logs[-4000:]
+        assert (out / f"trial-{n}" / "results.json").is_file()

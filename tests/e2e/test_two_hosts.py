@@ -3,8 +3,10 @@
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -13,6 +15,8 @@ from tests.helpers import PYTHON, REPO, kill_tree, tiny_args
 
 pytestmark = pytest.mark.multiprocess
 ACCELERATE = os.path.join(os.path.dirname(PYTHON), "accelerate")
+CONFIG = "accelerate_configs/multi_node_cpu.yaml"
+PREFLIGHT = [PYTHON, "-m", "finetune.distributed.preflight"]
 
 
 @pytest.fixture
@@ -37,26 +41,46 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
-def test_two_hosts_train_as_one_world(two_hosts, tiny_model_dir, nli_files, tmp_path):
-    out = tmp_path / "out"
+def launch(two_hosts, args: list[str], gloo_interface: bool = True) -> list[tuple[int, str, str]]:
+    """On each host: the preflight, then `accelerate launch` (as multinode.sbatch does): each node's
+    (exit code, stdout, stderr)."""
     main_ip = next(iter(two_hosts.values()))[0]
     nodes = []
     for rank, (name, (_, interface)) in enumerate(two_hosts.items()):
         # Port 29536 is free: each namespace has ports of its own.
-        command = ["ip", "netns", "exec", name, ACCELERATE, "launch", "--config_file",
-                   "accelerate_configs/multi_node_cpu.yaml", "--num_processes", "2",
-                   "--machine_rank", str(rank), "--main_process_ip", main_ip,
-                   "--main_process_port", "29536", "finetune/mnli.py",
-                   *tiny_args(tiny_model_dir, nli_files, out)]  # fmt: skip
+        where = ["--machine_rank", str(rank), "--main_process_ip", main_ip, "--main_process_port", "29536"]
+        check = [*PREFLIGHT, "--config_file", CONFIG, *where, "--timeout", "60"]
+        command = [ACCELERATE, "launch", "--config_file", CONFIG, "--num_processes", "2", *where,
+                   "--rdzv_conf", "timeout=60", "finetune/mnli.py", *args]  # fmt: skip
+        both = ["sh", "-c", f"{shlex.join(check)} && exec {shlex.join(command)}"]
         # gloo advertises the address its host name resolves to (127.0.0.1 here): name the interface.
-        env = {**os.environ, "GLOO_SOCKET_IFNAME": interface}  # without it: a hang, no error (> 100 s)
-        nodes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
+        if gloo_interface:
+            env["GLOO_SOCKET_IFNAME"] = interface
+        nodes.append(subprocess.Popen(["ip", "netns", "exec", name, *both], cwd=REPO, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      start_new_session=True))  # fmt: skip
     try:
         outputs = [node.communicate(timeout=300) for node in nodes]
     finally:
         for node in nodes:
             kill_tree(node.pid)
-    assert [n.returncode for n in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    return [(node.returncode, *output) for node, output in zip(nodes, outputs, strict=True)]
+
+
+def test_two_hosts_train_as_one_world(two_hosts, tiny_model_dir, nli_files, tmp_path):
+    out = tmp_path / "out"
+    nodes = launch(two_hosts, tiny_args(tiny_model_dir, nli_files, out))
+    assert [n[0] for n in nodes] == [0, 0], nodes[0][2][-3000:] + nodes[1][2][-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2 and results["replicas_identical"] is True
+
+
+def test_without_gloo_socket_ifname_every_rank_stops_at_once(two_hosts, tiny_model_dir, nli_files, tmp_path):
+    """Without GLOO_SOCKET_IFNAME the ranks waited for each other (> 100 s; the process group's 30 min)."""
+    start = time.monotonic()
+    nodes = launch(two_hosts, tiny_args(tiny_model_dir, nli_files, tmp_path / "out"), gloo_interface=False)
+    assert time.monotonic() - start < 60
+    for (code, _, err), (_, interface) in zip(nodes, two_hosts.values(), strict=True):
+        said = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert code != 0 and len(said) == 1 and f"set GLOO_SOCKET_IFNAME={interface}," in said[0], err[-3000:]

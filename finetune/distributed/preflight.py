@@ -1,0 +1,262 @@
+"""Before `accelerate launch` on several machines: a check, bounded in time, that they can meet, with one
+line naming the setting to fix (the launcher's own rendezvous waits 900 s by default, then prints a
+traceback that names none; a port held by another program makes it wait forever).
+
+    python -m finetune.distributed.preflight --config_file accelerate_configs/multi_node.yaml \
+        --machine_rank 1 [--main_process_ip IP] [--main_process_port PORT] [--num_machines N] [--timeout 120]
+
+The flags are `accelerate launch`'s; those not given come from the config file. The main machine
+(machine_rank 0) listens at main_process_ip:main_process_port, so the address must be its own and the
+port free; each other machine connects there and says hello. When all num_machines machines have, each
+hears "ok", the check exits 0 and the port is free again for the launcher. Every wait ends after
+--timeout seconds; a mistake is one line, `error: ...` (ConfigError's flag and fix), and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import ipaddress
+import os
+import socket
+import struct
+import sys
+import time
+
+import yaml
+
+from finetune.errors import ConfigError
+
+HELLO = "finetune-preflight"
+ACK_WITHIN = 5.0  # seconds: the main machine's preflight answers a hello at once
+
+
+def main_machine(address: str, port: int, machines: int, timeout: float) -> None:
+    """machine_rank 0: listen where the others will connect, until every machine_rank said hello."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((address, port))
+    except OSError as error:
+        if error.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(
+                f"main_process_ip {address} is not an address of this machine, which is the main one "
+                f"(machine_rank 0); set main_process_ip to its address that the others reach",
+                flag="main_process_ip",
+                fix="an address of the machine_rank 0 machine",
+            ) from None
+        if error.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"main_process_port {port} is in use on the main machine (machine_rank 0) by another "
+                "program; set main_process_port to a free port (the same on every machine)",
+                flag="main_process_port",
+                fix="a port free on the machine_rank 0 machine",
+            ) from None
+        raise
+    listener.listen(machines)
+    deadline = time.monotonic() + timeout
+    arrived: dict[int, socket.socket] = {}
+    try:
+        while len(arrived) < machines - 1:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(1, machines)) - set(arrived))
+                raise ConfigError(
+                    f"only {len(arrived) + 1} of num_machines={machines} machines arrived within "
+                    f"{timeout:g} s (no machine_rank {', '.join(map(str, missing))}); start the same "
+                    "command on every machine, or set num_machines to the machines there are",
+                    flag="num_machines",
+                    fix="start every machine, or lower num_machines",
+                )
+            listener.settimeout(left)
+            try:
+                peer, _ = listener.accept()
+            except TimeoutError:
+                continue
+            rank = _greet(peer, machines, set(arrived))
+            if rank is not None:
+                arrived[rank] = peer
+        for peer in arrived.values():
+            peer.sendall(b"ok\n")
+        for peer in arrived.values():  # they close first: no TIME_WAIT left on the launcher's port here
+            peer.settimeout(ACK_WITHIN)
+            with contextlib.suppress(OSError):
+                peer.recv(1)
+    finally:
+        for peer in arrived.values():
+            peer.close()
+        listener.close()
+
+
+def _greet(peer: socket.socket, machines: int, seen: set[int]) -> int | None:
+    """A connection's machine_rank, acknowledged; None (and the connection closed) for anything else."""
+    peer.settimeout(ACK_WITHIN)
+    try:
+        words = peer.recv(256).decode(errors="replace").split()
+        if len(words) != 3 or words[0] != HELLO:
+            raise ValueError
+        rank, theirs = int(words[1]), int(words[2])
+    except (OSError, ValueError):
+        peer.close()  # not a preflight (a port scanner, a stray client)
+        return None
+    problem = (
+        f"num_machines is {theirs} there and {machines} on the main machine" if theirs != machines
+        else f"machine_rank {rank} is given to two machines" if rank in seen
+        else f"machine_rank {rank} is out of range for num_machines={machines}" if not 0 < rank < machines
+        else None
+    )  # fmt: skip
+    peer.sendall(f"{'error ' + problem if problem else 'hello'}\n".encode())
+    if problem:
+        peer.close()
+        return None
+    return rank
+
+
+def other_machine(address: str, port: int, rank: int, machines: int, timeout: float) -> None:
+    """machine_rank > 0: reach the main machine's preflight and wait for everyone's arrival."""
+    where = f"{address}:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ConfigError(
+                f"nothing answered at main_process_ip:main_process_port {where} within {timeout:g} s; set "
+                "main_process_ip to the main machine's address as this machine reaches it, and start the "
+                "same command there (machine_rank 0)",
+                flag="main_process_ip",
+                fix="the machine_rank 0 machine's address, reachable from here",
+            )
+        try:
+            connection = socket.create_connection((address, port), timeout=min(left, 5.0))
+            break
+        except OSError:  # refused (not started yet), unreachable, timed out: try until the deadline
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+    with connection:
+        connection.sendall(f"{HELLO} {rank} {machines}\n".encode())
+        reader = connection.makefile("r")
+        connection.settimeout(ACK_WITHIN)
+        try:
+            first = reader.readline().strip()
+        except OSError:
+            first = ""
+        if first.startswith("error "):
+            raise ConfigError(first.removeprefix("error ") + "; give every machine the same settings",
+                              flag="machine_rank" if "machine_rank" in first else "num_machines")  # fmt: skip
+        if first != "hello":
+            raise ConfigError(
+                f"another program, not the main machine's preflight, answers at {where}: "
+                "main_process_port is taken there (or main_process_ip is another machine); set "
+                "main_process_port to a free port on the main machine, the same on every machine",
+                flag="main_process_port",
+                fix="a port free on the machine_rank 0 machine",
+            )
+        connection.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            last = reader.readline().strip()
+        except OSError:
+            last = ""
+        if last != "ok":
+            raise ConfigError(
+                f"the main machine ({where}) stopped waiting for the num_machines={machines} machines within "
+                f"{timeout:g} s (its error names the machine_rank missing); start the same command on every "
+                "machine, or set num_machines to the machines there are",
+                flag="num_machines",
+                fix="start every machine, or lower num_machines",
+            )
+
+
+def check_gloo_address(env=os.environ) -> None:
+    """In a worker, before its process group: a CPU (gloo) world over several machines where gloo would
+    give the others 127.0.0.1 as this machine's address (it takes the address the host name resolves
+    to), so every rank would wait for the others for the process group's 30 minutes."""
+    master, world = env.get("MASTER_ADDR", ""), env.get("WORLD_SIZE", "1")
+    if env.get("GLOO_SOCKET_IFNAME") or world == env.get("LOCAL_WORLD_SIZE", world):
+        return
+    host = socket.gethostname()
+    try:
+        own = socket.gethostbyname(host)
+        loopback = [ipaddress.ip_address(socket.gethostbyname(a)).is_loopback for a in (host, master)]
+    except (OSError, ValueError):
+        return
+    if loopback != [True, False]:
+        return
+    interface = _interface_towards(master) or "<the interface that reaches it>"
+    raise ConfigError(
+        f"gloo would tell the other machines this one is at {own} (what its host name {host} resolves "
+        f"to), where they cannot reach it; set GLOO_SOCKET_IFNAME={interface}, the interface that reaches "
+        f"main_process_ip {master} here (on each machine, its own)",
+        flag="GLOO_SOCKET_IFNAME",
+        fix=f"GLOO_SOCKET_IFNAME={interface}",
+    )
+
+
+def _interface_towards(address: str) -> str | None:
+    """The network interface this machine sends to `address` through (its name, as `ip addr` shows)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((address, 9))  # no packet is sent: this only picks the route
+            local = probe.getsockname()[0]
+            for _, name in socket.if_nameindex():
+                with contextlib.suppress(OSError):  # SIOCGIFADDR: the interface's IPv4 address
+                    packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                    if socket.inet_ntoa(packed[20:24]) == local:
+                        return name
+    except OSError:
+        pass
+    return None
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune.distributed.preflight", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--config_file", help="the accelerate config the launch uses")
+    parser.add_argument("--machine_rank", type=int)
+    parser.add_argument("--main_process_ip")
+    parser.add_argument("--main_process_port", type=int)
+    parser.add_argument("--num_machines", type=int)
+    parser.add_argument("--timeout", type=float, default=120.0,
+                        help="seconds every wait may take (default 120); give the launcher the same, "
+                        "`accelerate launch --rdzv_conf timeout=N`")  # fmt: skip
+    args = parser.parse_args(argv)
+    config = {}
+    if args.config_file:
+        with open(args.config_file) as f:
+            config = yaml.safe_load(f) or {}
+    defaults = {"machine_rank": 0, "main_process_ip": None, "main_process_port": 29500, "num_machines": 1}
+    for key, default in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, config.get(key, default))
+    return args
+
+
+def check(argv: list[str]) -> None:
+    args = parse(argv)
+    if args.num_machines <= 1:
+        return
+    if not args.main_process_ip:
+        raise ConfigError("main_process_ip is not set; give the main machine's address (--main_process_ip "
+                          "or the config file)", flag="main_process_ip")  # fmt: skip
+    if not 0 <= args.machine_rank < args.num_machines:
+        raise ConfigError(f"machine_rank {args.machine_rank} must be in 0..{args.num_machines - 1} "
+                          f"(num_machines={args.num_machines})", flag="machine_rank")  # fmt: skip
+    if args.machine_rank == 0:
+        main_machine(args.main_process_ip, args.main_process_port, args.num_machines, args.timeout)
+    else:
+        other_machine(args.main_process_ip, args.main_process_port, args.machine_rank, args.num_machines,
+                      args.timeout)  # fmt: skip
+
+
+def cli(argv: list[str] | None = None) -> int:
+    try:
+        check(sys.argv[1:] if argv is None else argv)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
