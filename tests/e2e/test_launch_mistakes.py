@@ -18,7 +18,7 @@ from tests.helpers import PYTHON, REPO, free_port
 
 pytestmark = pytest.mark.subprocess
 CONFIG = "accelerate_configs/multi_node_cpu.yaml"
-TIMEOUT = 3  # seconds, the --timeout given; the bound below adds the start of a Python process
+TIMEOUT = 2  # seconds, the --timeout given; the bound below adds the start of a Python process
 ACCELERATE = os.path.join(os.path.dirname(PYTHON), "accelerate")
 
 
@@ -77,7 +77,7 @@ def test_wrong_main_process_ip():
 def test_main_process_port_taken(taken_port):
     code, line, _ = ends(preflight(0, "127.0.0.1", taken_port), 10)
     assert code == 2 and line.startswith(f"error: main_process_port {taken_port} ")
-    assert flag_of(0, "127.0.0.1", taken_port) == flag_of(1, "127.0.0.1", taken_port) == "main_process_port"
+    assert flag_of(0, "127.0.0.1", taken_port) == "main_process_port"
     # The other machines reach the other program: it never says the preflight's hello.
     code, line, _ = ends(preflight(1, "127.0.0.1", taken_port), 5 + 10)
     assert code == 2 and "main_process_port" in line
