@@ -117,10 +117,16 @@ ADDED_LATER = {
 }
 
 
+def with_added_later(saved: dict, now: dict) -> dict:
+    """`saved` with the ADDED_LATER value of each entry it lacks (recorded before it was part of the
+    identity) that `now` has."""
+    return {**{k: v for k, v in ADDED_LATER.items() if k in now}, **saved}
+
+
 def differences(saved: dict, now: dict) -> list[str]:
     """The entries of two identities that differ, in identity order; an entry `saved` lacks (recorded
     before it was part of the identity) is skipped, or compared as its ADDED_LATER value."""
-    saved = {**{k: v for k, v in ADDED_LATER.items() if k in now}, **saved}
+    saved = with_added_later(saved, now)
     return [key for key in now if key in saved and saved[key] != now[key]]
 
 
@@ -133,6 +139,7 @@ def refuse_other_run(saved: dict | None, now: dict, checkpoint: Path) -> None:
             "another --output_dir)"
         )
     differ = differences(saved, now)
+    saved = with_added_later(saved, now)  # the message names what an older run's settings amount to
     if "world_size" in differ:
         raise ConfigError(
             f"--resume_from_checkpoint {checkpoint}: saved with {saved['world_size']} processes, this run "

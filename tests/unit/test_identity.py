@@ -21,7 +21,7 @@ from finetune.config.parser import parse_config
 from finetune.config.train_config import TrainConfig
 from finetune.errors import ConfigError
 from finetune.output.prerun import finished_run
-from tests.helpers import tiny_args, with_flag
+from tests.helpers import refused, tiny_args, with_flag
 
 
 def identity_of(argv: list[str], world_size: int = 1) -> dict:
@@ -112,6 +112,21 @@ def test_the_refusal_names_the_flags_and_the_fix(tiny_model_dir, nli_files, tmp_
     assert refused.value.flag == "--model_name_or_path"
     with pytest.raises(ConfigError, match="older finetune"):
         refuse_other_run(None, saved, tmp_path / "checkpoint-4")
+
+
+def test_a_run_recorded_before_a_flag_existed_is_refused_naming_that_flag(
+    tiny_model_dir, nli_files, tmp_path
+):
+    """A checkpoint whose identity predates --window_loss_weighting (ADDED_LATER: window) resumed by a
+    sliding-window run (document): one line naming both values, not a KeyError."""
+    windows = ["--long_documents", "sliding_window", "--doc_stride", "16"]
+    now = identity_of(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", *windows))
+    older = {k: v for k, v in now.items() if k not in ("window_loss_weighting", "calibrate")}
+    with refused("--resume_from_checkpoint", "--overwrite_output_dir") as error:
+        refuse_other_run(older, now, tmp_path / "checkpoint-4")
+    assert "with --window_loss_weighting window; this run has --window_loss_weighting document" in str(
+        error.value
+    )
 
 
 def test_a_finished_run_is_found_only_by_its_own_identity(tiny_model_dir, nli_files, tmp_path):
