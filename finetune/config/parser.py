@@ -132,13 +132,14 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 TASK_FLAGS = (
     "task_name", "text_columns", "label_column", "long_documents", "doc_stride", "window_aggregation",
 )  # fmt: skip
+WINDOW_FLAGS = ("doc_stride", "window_aggregation")
 
 
 def _as_the_model_was_trained(values: dict, named: set[str]) -> dict:
     """--do_train false on a model this toolkit trained: the task flags left out (--task_name,
-    --text_columns, --label_column, and how it read long documents) as its folder's train_config.json
-    records them, so evaluating a custom task's model needs only its files. A flag given wins; rank 0 says
-    what was taken."""
+    --text_columns, --label_column, and how it read long documents: sliding windows with their stride,
+    aggregation and size, --max_length) as its folder's train_config.json records them, so evaluating a
+    custom task's model needs only its files. A flag given wins; rank 0 says what was taken."""
     folder = Path(values["model_name_or_path"])
     if values["do_train"] or named.issuperset(TASK_FLAGS) or not folder.is_dir():
         return {}
@@ -149,6 +150,11 @@ def _as_the_model_was_trained(values: dict, named: set[str]) -> dict:
         except (OSError, ValueError, AttributeError):
             continue
         taken = {k: trained[k] for k in TASK_FLAGS if k not in named and trained.get(k) is not None}
+        windowed = (values if "long_documents" in named else {**values, **taken})["long_documents"]
+        if windowed != "sliding_window":  # e.g. --long_documents truncate given: no window settings
+            taken = {k: v for k, v in taken.items() if k not in WINDOW_FLAGS}
+        elif "max_length" not in named and trained.get("max_length") is not None:
+            taken["max_length"] = trained["max_length"]  # the windows' size, as score_document reads it
         if taken and launcher_rank() == 0:
             shown = " ".join(f"--{k} {v}" for k, v in taken.items())
             print(f"--do_train false: {shown}, as {record} records the model's training", flush=True)

@@ -187,7 +187,18 @@ def test_decoders_regression_and_multi_label_score_documents(family, kind, files
     args = long_args(model_dir, {"train": data, "validation": data}, out, "--num_train_epochs", "1")
     extra = ["--long_documents", "sliding_window", "--max_length", "64", "--doc_stride", "16"]
     results = main([*args, *extra, "--do_predict", "--test_file", str(data)])
+    reset_accelerate()
     assert results["eval_samples"] == results["predict_samples"] == len(rows)
+    # Evaluate-only reads the windows back, their size (--max_length 64, not the default) included.
+    evaluate = ["--model_name_or_path", str(out), "--validation_file", str(data), "--do_train", "false",
+                "--report_to", "none", "--mixed_precision", "no"]  # fmt: skip
+    again = main([*evaluate, "--output_dir", str(tmp_path / "again")])
+    reset_accelerate()
+    assert again["eval_loss"] == pytest.approx(results["eval_loss"], abs=1e-6)
+    # --long_documents truncate given: none of the windows' settings is read back (nor refused).
+    cut = main([*evaluate, "--output_dir", str(tmp_path / "cut"), "--long_documents", "truncate"])
+    reset_accelerate()
+    assert cut["eval_samples"] == len(rows) and cut["eval_loss"] != pytest.approx(results["eval_loss"])
     for line in read_jsonl(out / "predictions.jsonl")[::5]:
         alone = score_document(out, rows[line["row"]]["text"])
         assert alone["windows"] == line["windows"] > 1
