@@ -20,6 +20,7 @@ import errno
 import fcntl
 import ipaddress
 import os
+import re
 import socket
 import struct
 import sys
@@ -208,28 +209,71 @@ def _interface_towards(address: str) -> str | None:
     return None
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not argparse's usage block
+        named = re.match(r"argument (--\w+)", message)
+        raise ConfigError(f"{message}; see --help", flag=named.group(1) if named else None)
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m finetune.distributed.preflight", description=__doc__.split("\n\n")[0]
-    )
+    """The flags, and the config file's values for those not given; each a one-line ConfigError when
+    unreadable (a missing file, bad YAML, a port that is not a port)."""
+    parser = _Parser(prog="python -m finetune.distributed.preflight", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config_file", help="the accelerate config the launch uses")
-    parser.add_argument("--machine_rank", type=int)
-    parser.add_argument("--main_process_ip")
-    parser.add_argument("--main_process_port", type=int)
-    parser.add_argument("--num_machines", type=int)
+    for name in ("machine_rank", "main_process_ip", "main_process_port", "num_machines"):
+        parser.add_argument(f"--{name}", help="as `accelerate launch` takes it (default: the config file's)")
     parser.add_argument("--timeout", type=float, default=120.0,
                         help="seconds every wait may take (default 120); give the launcher the same, "
                         "`accelerate launch --rdzv_conf timeout=N`")  # fmt: skip
     args = parser.parse_args(argv)
-    config = {}
-    if args.config_file:
-        with open(args.config_file) as f:
-            config = yaml.safe_load(f) or {}
+    config = _read_config(args.config_file) if args.config_file else {}
     defaults = {"machine_rank": 0, "main_process_ip": None, "main_process_port": 29500, "num_machines": 1}
     for key, default in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, config.get(key, default))
+    for key, low, high in (
+        ("machine_rank", 0, None),
+        ("num_machines", 1, None),
+        ("main_process_port", 1, 65535),
+    ):
+        value = getattr(args, key)
+        try:
+            number = int(str(value))
+        except ValueError:
+            number = None
+        if number is None or number < low or (high is not None and number > high):
+            bounds = f"{low}..{high}" if high else f">= {low}"
+            raise ConfigError(f"{key} must be a whole number {bounds}, got {value!r}", flag=key,
+                              fix=f"set {key} to a whole number {bounds}")  # fmt: skip
+        setattr(args, key, number)
+    if args.main_process_ip is not None:
+        args.main_process_ip = str(args.main_process_ip)
+        try:
+            socket.getaddrinfo(args.main_process_ip, args.main_process_port, socket.AF_INET)
+        except (OSError, UnicodeError):
+            raise ConfigError(
+                f"main_process_ip {args.main_process_ip} is not an IPv4 address or a host name this machine "
+                "resolves; set it to the main machine's address",
+                flag="main_process_ip",
+                fix="the machine_rank 0 machine's IPv4 address",
+            ) from None
     return args
+
+
+def _read_config(path: str) -> dict:
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f) or {}
+    except OSError as error:
+        raise ConfigError(f"--config_file {path}: cannot read it ({error.strerror}); give the accelerate "
+                          "config the launch uses", flag="--config_file") from None  # fmt: skip
+    except yaml.YAMLError:
+        raise ConfigError(f"--config_file {path}: not valid YAML; give the accelerate config the launch uses",
+                          flag="--config_file") from None  # fmt: skip
+    if not isinstance(config, dict):
+        raise ConfigError(f"--config_file {path}: not an accelerate config (a mapping of keys to values)",
+                          flag="--config_file", fix="give the accelerate config the launch uses")  # fmt: skip
+    return config
 
 
 def check(argv: list[str]) -> None:
