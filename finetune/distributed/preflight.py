@@ -44,14 +44,16 @@ def main_machine(address: str, port: int, machines: int, timeout: float) -> None
         if error.errno == errno.EADDRNOTAVAIL:
             raise ConfigError(
                 f"main_process_ip {address} is not an address of this machine, which is the main one "
-                f"(machine_rank 0); set main_process_ip to its address that the others reach",
+                f"(machine_rank 0); set main_process_ip to its address that the others reach (on another machine: "
+                "give it its own --machine_rank)",
                 flag="main_process_ip",
                 fix="an address of the machine_rank 0 machine",
             ) from None
         if error.errno == errno.EADDRINUSE:
             raise ConfigError(
                 f"main_process_port {port} is in use on the main machine (machine_rank 0) by another "
-                "program; set main_process_port to a free port (the same on every machine)",
+                "program; set main_process_port to a free port (the same on every machine), or, on a machine "
+                "that is not the main one, give it its own --machine_rank",
                 flag="main_process_port",
                 fix="a port free on the machine_rank 0 machine",
             ) from None
