@@ -44,8 +44,8 @@ def main_machine(address: str, port: int, machines: int, timeout: float) -> None
         if error.errno == errno.EADDRNOTAVAIL:
             raise ConfigError(
                 f"main_process_ip {address} is not an address of this machine, which is the main one "
-                f"(machine_rank 0); set main_process_ip to its address that the others reach (on another machine: "
-                "give it its own --machine_rank)",
+                "(machine_rank 0); set main_process_ip to its address that the others reach (on another "
+                "machine: give it its own --machine_rank)",
                 flag="main_process_ip",
                 fix="an address of the machine_rank 0 machine",
             ) from None
