@@ -8,6 +8,8 @@ from typing import Literal
 
 from finetune.errors import ConfigError
 
+MAX_SEED = 2**32 - 1  # what numpy.random.seed takes (transformers.set_seed seeds numpy too)
+
 EvalStrategy = Literal["no", "steps", "epoch"]
 Calibration = Literal["none", "temperature"]
 # The schedules `get_scheduler` builds from warmup and total steps alone; the others need arguments
@@ -80,11 +82,15 @@ class OptimizationArgs:
         """Checks of this group's flags alone."""
         if self.seeds is not None:
             given = [s.strip() for s in self.seeds.split(",")]
-            if not all(s.lstrip("-").isdigit() for s in given) or len(set(given)) != len(given):
+            numbers = [int(s) for s in given if s.isdigit()]  # 01 is 1: one seed, not two
+            if len(numbers) != len(given) or len(set(numbers)) != len(numbers) or max(numbers) > MAX_SEED:
                 raise ConfigError(
-                    f"--seeds must be distinct whole numbers joined by commas (42,43,44), got {self.seeds!r}"
+                    f"--seeds must be distinct whole numbers from 0 to {MAX_SEED} joined by commas (42,43,44), "
+                    f"got {self.seeds!r}"
                 )
-            object.__setattr__(self, "seeds", ",".join(str(int(s)) for s in given))
+            object.__setattr__(self, "seeds", ",".join(map(str, numbers)))
+        if not 0 <= self.seed <= MAX_SEED:  # numpy's and torch's seeds are 32-bit
+            raise ConfigError(f"--seed must be a whole number from 0 to {MAX_SEED}, got {self.seed}")
         for name in ("per_device_train_batch_size", "gradient_accumulation_steps"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"--{name} must be a positive integer, got {getattr(self, name)}")
