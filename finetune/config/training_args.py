@@ -85,8 +85,8 @@ class OptimizationArgs:
             numbers = [int(s) for s in given if s.isdigit()]  # 01 is 1: one seed, not two
             if len(numbers) != len(given) or len(set(numbers)) != len(numbers) or max(numbers) > MAX_SEED:
                 raise ConfigError(
-                    f"--seeds must be distinct whole numbers from 0 to {MAX_SEED} joined by commas (42,43,44), "
-                    f"got {self.seeds!r}"
+                    f"--seeds must be distinct whole numbers from 0 to {MAX_SEED} joined by commas "
+                    f"(42,43,44), got {self.seeds!r}"
                 )
             object.__setattr__(self, "seeds", ",".join(map(str, numbers)))
         if not 0 <= self.seed <= MAX_SEED:  # numpy's and torch's seeds are 32-bit

@@ -31,6 +31,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import optuna
@@ -174,21 +175,30 @@ def open_study(spec: SweepSpec, name: str, storage: str | None, direction: str, 
         root.mkdir(parents=True, exist_ok=True)
         storage = JournalStorage(JournalFileBackend(str(root / JOURNAL_FILE)))
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per trial is ours to print
-    try:
-        study = optuna.create_study(
-            study_name=name,
-            storage=storage,
-            sampler=sampler_for(spec),
-            pruner=pruner_for(spec),
-            direction=direction,
-            load_if_exists=True,
-        )
-    except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as error:
-        raise ConfigError(
-            f"--storage {storage}: Optuna cannot open it ({error}); give a URL such as "
-            "sqlite:///sweep.db, or leave --storage out for a journal file",
-            flag="--storage",
-        ) from None
+    for attempt in range(5):
+        try:
+            study = optuna.create_study(
+                study_name=name,
+                storage=storage,
+                sampler=sampler_for(spec),
+                pruner=pruner_for(spec),
+                direction=direction,
+                load_if_exists=True,
+            )
+            break
+        except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as error:
+            raise ConfigError(
+                f"--storage {storage}: Optuna cannot open it ({error}); give a URL such as "
+                "sqlite:///sweep.db, or leave --storage out for a journal file",
+                flag="--storage",
+            ) from None
+        except Exception as error:
+            # Workers started together on a new database race to create its tables or the study
+            # (SQLAlchemy's OperationalError "table studies already exists", IntegrityError): the
+            # loser tries again and joins what the winner made.
+            if attempt == 4 or type(error).__name__ not in ("OperationalError", "IntegrityError"):
+                raise
+            time.sleep(0.5 * (attempt + 1))
     if study.direction.name.lower() != direction:
         raise ConfigError(
             f"--study_name {name}: that study is to {study.direction.name.lower()}, this sweep's metric is "

@@ -151,12 +151,50 @@ def _categorical(name: str, spec: dict, at: str) -> Param:
 
 
 def _check_field_type(param: Param, annotation, at: str) -> None:
-    """A float range for an integer flag would hand the run 16.7 as a batch size."""
+    """A float range for an integer flag would hand the run 16.7 as a batch size; a choice the flag
+    cannot take (a word for a batch size, a scheduler that does not exist) would crash its trial, and the
+    worker adopting it after would crash again: refused before any trial."""
+    if param.type == "categorical":
+        _check_choices(param, annotation, at)
+        return
     accepts = set(typing.get_args(annotation)) or {annotation}
     if param.type == "float" and not accepts & {float}:
         raise _bad(f"{at}: --{param.name} is not a float flag", "use type: int or categorical")
     if param.type == "int" and not accepts & {int, float}:
         raise _bad(f"{at}: --{param.name} is not a number flag", "use type: categorical")
+
+
+def _check_choices(param: Param, annotation, at: str) -> None:
+    words, kinds = set(), set()
+
+    def walk(kind) -> None:  # Literal words, and the plain types of a (possibly optional) annotation
+        if typing.get_origin(kind) is typing.Literal:
+            words.update(typing.get_args(kind))
+        elif typing.get_args(kind) and typing.get_origin(kind) not in (list, tuple, dict):
+            for each in typing.get_args(kind):
+                walk(each)
+        else:
+            kinds.add(kind)
+
+    walk(annotation)
+    optional = type(None) in kinds
+    kinds.discard(type(None))
+    for choice in param.choices:
+        if choice is None:
+            takes = optional
+        elif words and not kinds:
+            takes = choice in words
+        elif kinds == {bool}:
+            takes = isinstance(choice, bool)
+        elif kinds and kinds <= {int, float}:
+            takes = type(choice) in kinds or (type(choice) is int and float in kinds)
+        else:  # strings, lists: the run's own checks judge the value
+            takes = True
+        if not takes:
+            shown = f": {', '.join(map(str, sorted(words, key=str)))}" if words else ""
+            raise _bad(
+                f"{at}: --{param.name} cannot take {choice!r}", f"list values --{param.name} takes{shown}"
+            )
 
 
 def _number(value, what: str) -> float:

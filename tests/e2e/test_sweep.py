@@ -4,6 +4,7 @@ pruning, failed trials, sqlite storage, DDP trials. The tiny BERT, 4 steps per t
 import json
 import os
 import subprocess
+import time
 
 import pytest
 import torch
@@ -161,3 +162,23 @@ def test_ctrl_c_stops_a_worker_as_a_run_stops_and_its_trial_resumes(
     reset_accelerate()
     assert f"resuming from {out / 'trial-0' / 'checkpoint-3'} at step 3" in capsys.readouterr().out
     assert [(t["number"], t["state"]) for t in report(out)["trials"]] == [(0, "COMPLETE")]
+
+
+@pytest.mark.subprocess
+def test_workers_started_together_on_a_new_sqlite_database_both_join(tmp_path):
+    """Two workers creating one new sqlite storage at once race to create its tables (SQLAlchemy's
+    "table studies already exists" killed one with a traceback): both must join the study."""
+    storage = f"sqlite:///{tmp_path / 'sweep.db'}"
+    start = tmp_path / "start"
+    workers = [
+        subprocess.Popen([PYTHON, "tests/probes/open_study_together.py", storage, str(tmp_path / f"ready{i}"),
+                          str(start)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready{i}").exists() for i in range(2)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    start.touch()
+    outputs = [w.communicate(timeout=120) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], [err[-2000:] for _, err in outputs]
+    assert [out.strip() for out, _ in outputs] == ["joined", "joined"]

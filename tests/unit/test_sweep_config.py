@@ -51,6 +51,13 @@ BAD = {
     "flag the sweep sets": ("warmup_ratio:", "output_dir:", "the sweep sets --output_dir itself"),
     "grid over a float range": ("sampler: tpe", "sampler: grid", "sampler grid needs finite choices"),
     "not a number": ("high: 0.2", "high: lots", "high must be a number"),
+    # choices the flag cannot take: each trial that drew one crashed, and so did every worker adopting it
+    "a word for a batch size": ("choices: [16, 32]", "choices: [16, abc]", "cannot take 'abc'"),
+    "a scheduler that does not exist": (
+        "choices: [16, 32]}",
+        "choices: [16, 32]}\n  lr_scheduler_type: {type: categorical, choices: [linear, bogus]}",
+        "--lr_scheduler_type cannot take 'bogus'",
+    ),
 }
 
 
