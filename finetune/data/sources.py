@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 from datasets import ClassLabel, Dataset, List, Value, load_dataset
@@ -172,7 +173,7 @@ def _load_file(path: str, columns: tuple[str, ...]) -> Dataset:
         else:
             dataset = load_dataset("csv", data_files=str(file), split="train")
     except (DatasetGenerationError, ArrowException, UnicodeError, ValueError) as error:
-        raise ConfigError(f"data file {path}: {_unreadable(error, suffix)}") from None
+        raise ConfigError(f"data file {path}: {_unreadable(error, suffix, file)}") from None
     if len(dataset) == 0:
         raise ConfigError(f"data file {path}: holds no rows (only a header or blank lines)")
     missing = [c for c in columns if c not in dataset.column_names]
@@ -203,7 +204,7 @@ def _mixed_columns_as_text(dataset: Dataset, columns: tuple[str, ...]) -> Datase
     )
 
 
-def _unreadable(error: Exception, suffix: str) -> str:
+def _unreadable(error: Exception, suffix: str, file: Path) -> str:
     """What `datasets` could not read, with the row or line its parser named, and the fix."""
     cause = error.__cause__ or error.__context__ or error
     if isinstance(cause, UnicodeError) or isinstance(error, UnicodeError):
@@ -211,8 +212,33 @@ def _unreadable(error: Exception, suffix: str) -> str:
     detail = str(cause).strip().splitlines()[-1] if str(cause).strip() else type(cause).__name__
     if "corresponds to no data" in detail:
         return "holds no rows (only a header or blank lines)"
-    shape = "one JSON object per line" if suffix in (".jsonl", ".json") else "the same fields on every row"
+    if suffix == ".jsonl":
+        found = _first_line_not_an_object(file)  # Arrow names a row of its block, not of the file
+        if found is not None:
+            return f"line {found[0]} is {found[1]}; fix it to hold one JSON object per line"
+    shape = {
+        ".jsonl": "one JSON object per line",
+        ".json": "one JSON object per line, or a list of objects",
+        # QUOTE_NONE (GLUE's files hold unbalanced quotes): a quoted field cannot hide a tab
+        ".tsv": "the same fields on every row (quotes are text in a .tsv, so no field may hold a tab: "
+        "write such rows as .csv or .jsonl)",
+    }.get(suffix, "the same fields on every row")
     return f"cannot be parsed ({shorten(detail, 200)}); fix it to hold {shape}"
+
+
+def _first_line_not_an_object(file: Path) -> tuple[int, str] | None:
+    """(line number, what it is) of the first non-blank line that is not one JSON object."""
+    with file.open(encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError:
+                return number, "not valid JSON"
+            if not isinstance(value, dict):
+                return number, f"a JSON {type(value).__name__.replace('str', 'string')}, not an object"
+    return None
 
 
 def _label_column_as_label(dataset: Dataset, label_column: str) -> Dataset:

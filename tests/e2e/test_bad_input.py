@@ -157,7 +157,17 @@ CASES = {
         lambda a, t: with_flag(
             a, "--train_file", write(t / "m.jsonl", GOOD_ROW + '{"premise": broken\n' + GOOD_ROW)
         ),
-        "m.jsonl: cannot be parsed (JSON parse error: Invalid value. in row 1)",
+        "m.jsonl: line 2 is not valid JSON; fix it to hold one JSON object per line",
+    ),
+    "jsonl line that is no object": (
+        lambda a, t: with_flag(a, "--train_file", write(t / "n.jsonl", GOOD_ROW * 11 + "[1, 2, 3]\n")),
+        "n.jsonl: line 12 is a JSON list, not an object; fix it to hold one JSON object per line",
+    ),
+    "tsv field with a tab inside quotes": (
+        lambda a, t: with_flag(
+            a, "--train_file", write(t / "q.tsv", 'premise\thypothesis\tlabel\na\tb\t0\n"a\tb"\tc\t0\n')
+        ),
+        "so no field may hold a tab: write such rows as .csv or .jsonl",
     ),
     "random bytes named jsonl": (
         lambda a, t: with_flag(a, "--train_file", write_bytes(t / "r.jsonl", bytes(range(256)) * 4)),
