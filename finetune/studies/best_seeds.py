@@ -31,7 +31,16 @@ def take_rerun(study: optuna.Study, n_trials: int, root: Path, n_seeds: int) -> 
     if n_seeds <= 0 or sum(t.state in FINISHED for t in study.get_trials(deepcopy=False)) < n_trials:
         return None
     best, folder = best_of(study, root), root / RERUN_DIR
-    if best is None or (folder / SUMMARY_FILE).exists():
+    if best is None:
+        return None
+    if (folder / SUMMARY_FILE).exists():
+        done = json.loads((folder / SUMMARY_FILE).read_text()).get("seeds", [])
+        if len(done) != n_seeds:  # a relaunch asking for another count: said, not silently ignored
+            print(
+                f"--rerun_best_with_seeds {n_seeds}: {folder} already holds the rerun over "
+                f"{len(done)} seed(s) {done}; nothing rerun (remove {folder} to rerun with {n_seeds})",
+                flush=True,
+            )
         return None
     folder.mkdir(parents=True, exist_ok=True)
     return best["params"] if claims.claim(folder) else None

@@ -80,7 +80,7 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_resumes_exactly(
 
 
 def test_pruned_and_failed_trials_on_sqlite_and_refusals_before_any_trial(
-    tiny_model_dir, nli_files, tmp_path
+    tiny_model_dir, nli_files, tmp_path, capsys
 ):
     out = tmp_path / "study"
     # Grid order for seed 4: (1e-2, 16) completes, batch 0 fails twice, then 1e-9 learns nothing: pruned
@@ -110,6 +110,11 @@ def test_pruned_and_failed_trials_on_sqlite_and_refusals_before_any_trial(
             16,
             seed,
         )
+    # Relaunched asking for another count: said in one line, the rerun kept.
+    capsys.readouterr()
+    sweep_main(["--sweep_config", config, *storage, *base, "--rerun_best_with_seeds", "3"])
+    reset_accelerate()
+    assert "already holds the rerun over 2 seed(s) [43, 44]; nothing rerun" in capsys.readouterr().out
 
     # Checked before any trial: the direction of the study joined, a metric the task does not produce.
     for flags, flag in ((["--greater_is_better", "true"], "--study_name"),
