@@ -46,23 +46,36 @@ def ece_of(confidence: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS
     return float((weight * (found["accuracy"] - found["confidence"]).abs()).sum())
 
 
+def confidence_and_correct(
+    logits: torch.Tensor, references: torch.Tensor, multi_label: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each prediction's confidence and whether it is right, in float64: the top softmax probability
+    and its class against the class id; multi-label (per row and label): max(p, 1 - p) of the sigmoid p
+    and whether p >= 0.5 matches the 0/1 target."""
+    if multi_label:
+        p = logits.double().sigmoid()
+        return torch.maximum(p, 1 - p), (p >= 0.5).double() == references.double()
+    confidence, predicted = logits.double().softmax(dim=-1).max(dim=-1)
+    return confidence, predicted == references
+
+
 def single_label_calibration(logits: torch.Tensor, references: torch.Tensor) -> dict:
     """`ece` and `brier` (multi-class) of softmax(logits) against class ids."""
     probabilities = logits.double().softmax(dim=-1)
-    confidence, predicted = probabilities.max(dim=-1)
     one_hot = F.one_hot(references.long(), probabilities.shape[-1]).double()
     brier = ((probabilities - one_hot) ** 2).sum(dim=-1).mean() if len(logits) else torch.tensor(0.0)
-    return {"ece": ece_of(confidence, predicted == references), "brier": float(brier)}
+    return {"ece": ece_of(*confidence_and_correct(logits, references)), "brier": float(brier)}
 
 
 def multi_label_calibration(logits: torch.Tensor, references: torch.Tensor, names: tuple[str, ...]) -> dict:
     """Each label's sigmoid as a binary problem: `ece_<label>`, `brier_<label>`; `ece`, `brier` the
     means over labels."""
     probabilities, targets = logits.double().sigmoid(), references.double()
+    confidence, correct = confidence_and_correct(logits, references, multi_label=True)
     scores, per_label = {}, {m: [] for m in CALIBRATION_METRICS}
     for k, name in enumerate(names):
         p, y = probabilities[:, k], targets[:, k]
-        ece = ece_of(torch.maximum(p, 1 - p), (p >= 0.5).double() == y)
+        ece = ece_of(confidence[:, k], correct[:, k])
         brier = float(((p - y) ** 2).mean()) if len(p) else 0.0
         scores[f"ece_{name}"], scores[f"brier_{name}"] = ece, brier
         per_label["ece"].append(ece)

@@ -27,6 +27,7 @@ from torch import nn
 from finetune.data.tasks import Task, eval_key
 from finetune.errors import ConfigError
 from finetune.metrics.calibration import (
+    confidence_and_correct,
     fit_temperature,
     multi_label_calibration,
     negative_log_likelihood,
@@ -85,12 +86,10 @@ def calibrate_model(run) -> dict:
     for stage, scaled in (("before", logits), ("after", logits / temperature)):
         if multi:
             scores = multi_label_calibration(scaled, references, task.label_names)
-            p = scaled.double().sigmoid().flatten()  # every label's binary prediction p >= 0.5
-            confidence, correct = torch.maximum(p, 1 - p), (p >= 0.5).double() == references.flatten()
         else:
             scores = single_label_calibration(scaled, references)
-            confidence, predicted = scaled.double().softmax(dim=-1).max(dim=-1)
-            correct = predicted == references
+        # Multi-label: every label's binary prediction, pooled in one diagram.
+        confidence, correct = (t.flatten() for t in confidence_and_correct(scaled, references, multi))
         scores["nll"] = negative_log_likelihood(scaled, references, 1.0, multi)
         results.update({eval_key(split, f"{m}_{stage}_calibration"): v for m, v in scores.items()})
         curves[f"{stage} (ECE {scores['ece']:.4f})"] = reliability_bins(confidence, correct)
