@@ -13,9 +13,9 @@ def entry() -> int:
     quiet_ctrl_c_while_starting()  # before the seconds of imports below
     if sys.argv[0].endswith("__main__.py"):  # `--help` says `usage: python -m finetune`, not __main__.py
         sys.argv[0] = "python -m finetune"
-    from finetune.cli import cli
+    from finetune.cli import script
 
-    return cli()
+    return script()
 
 
 if __name__ == "__main__":

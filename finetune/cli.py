@@ -10,7 +10,8 @@ import threading
 
 from finetune.config.parser import parse_config
 from finetune.distributed.ranks import say_once
-from finetune.errors import ConfigError, Stopped, TrainingFailed, TrainingInterrupted
+from finetune.distributed.signals import ignore_while_exiting
+from finetune.errors import ConfigError, Stopped, StoppedAfterFinish, TrainingFailed, TrainingInterrupted
 from finetune.run import run_config
 from finetune.studies.seeds import run_seeds
 
@@ -45,6 +46,12 @@ def _run(argv: list[str], build) -> int:
         return 2 if isinstance(error, ConfigError) else 1
     except TrainingInterrupted as stopped:
         return stopped.exit_code  # the main process already said where the checkpoint is
+    except StoppedAfterFinish as late:  # the run is complete; a study stops before its next run
+        left = "; relaunch with --resume_from_checkpoint auto to finish the study" if config.seeds else ""
+        say_once(
+            f"note: {late.signal_name} arrived as the finished run closed: its results.json is written{left}"
+        )
+        return late.exit_code if config.seeds else 0
     except (KeyboardInterrupt, Stopped) as stopped:  # outside training's own handler: loading, exporting
         if config is not None and config.debug:
             raise
@@ -55,6 +62,15 @@ def _run(argv: list[str], build) -> int:
         )
         return stopped.exit_code if isinstance(stopped, Stopped) else 130
     return 0
+
+
+def script() -> int:
+    """The scripts' entry (`finetune`, `-m finetune`, finetune/mnli.py, finetune/glue.py): `cli`, then
+    stop signals are ignored while the interpreter exits, which would otherwise end a complete run 143
+    with no line."""
+    code = cli()
+    ignore_while_exiting()
+    return code
 
 
 def _stop(signum, frame):

@@ -59,6 +59,11 @@ class Stopped(BaseException):
         self.exit_code = 128 + signal.Signals[signal_name].value
 
 
+class StoppedAfterFinish(Stopped):
+    """A stop signal that arrived while a finished run was closing: the run is complete (results.json
+    written); a study of several runs stops before its next one."""
+
+
 def _reason(error: Exception) -> str:
     """The OS's words: strerror, or what safetensors' Rust error quotes ("I/O error: File too large (os
     error 27)")."""

@@ -16,7 +16,7 @@ if __name__ == "__main__":
 
     quiet_ctrl_c_while_starting()  # before the seconds of imports below
 
-from finetune.cli import cli
+from finetune.cli import script
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(script())

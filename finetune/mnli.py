@@ -17,9 +17,9 @@ if __name__ == "__main__":
 
     quiet_ctrl_c_while_starting()  # before the seconds of imports below
 
-from finetune.cli import cli, main
+from finetune.cli import cli, main, script
 
 __all__ = ["cli", "main"]
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(script())

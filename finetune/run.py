@@ -23,8 +23,8 @@ from finetune.data.splits import load_splits
 from finetune.data.tokenization import tokenize_splits
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
 from finetune.distributed.ranks import launcher_rank, launcher_world_size, replicas_identical
-from finetune.distributed.signals import StopSignals
-from finetune.errors import TrainingFailed, TrainingInterrupted
+from finetune.distributed.signals import StopSignals, only_noted
+from finetune.errors import StoppedAfterFinish, TrainingFailed, TrainingInterrupted
 from finetune.model.build import build_model
 from finetune.model.flops import flops_per_token
 from finetune.model.lora import describe_parameters, parameter_counts
@@ -75,7 +75,10 @@ def run_config(args: TrainConfig, build=None, keep_process_group: bool = False) 
     except BaseException:
         release_lock(args.output_dir)  # a failed start or run leaves the folder to the next one
         raise
-    close(run, keep_process_group)
+    with only_noted() as noted:  # the run is complete: a stop signal does not cut its closing short
+        close(run, keep_process_group)
+    if noted:
+        raise StoppedAfterFinish(noted[0])
     return results
 
 

@@ -7,7 +7,7 @@ import os
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs
+from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
 
 from finetune.config.train_config import TrainConfig
 from finetune.distributed.preflight import check_gloo_address
@@ -65,6 +65,14 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         dynamo_plugin=dynamo_plugin(config, torch.cuda.is_available()) if config.torch_compile else None,
     )
     check_world_size(launcher_world_size(), accelerator.num_processes)
+    asked_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if asked_fsdp and accelerator.distributed_type != DistributedType.FSDP and accelerator.is_main_process:
+        # Accelerate engages FSDP only on accelerators; on CPU it runs the config as DDP, without a word.
+        print(
+            f"notice: the accelerate config asks for FSDP, but Accelerate runs it as "
+            f"{accelerator.distributed_type.value} on {accelerator.device.type}: every rank holds the whole "
+            "model (FSDP needs GPUs)"
+        )
     if torch.cuda.is_available():
         # TF32 matmuls on Ampere+ cost ~nothing in accuracy for fine-tuning and are several times faster.
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -99,6 +107,7 @@ def join_restarted_job() -> None:
 def describe_runtime(accelerator) -> dict:
     return {
         "world_size": accelerator.num_processes,
+        "distributed_type": accelerator.distributed_type.value,  # NO, MULTI_CPU, MULTI_GPU, FSDP, ...
         "device": str(accelerator.device),
         "mixed_precision": accelerator.mixed_precision,
     }

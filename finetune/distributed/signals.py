@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 
 import torch
 
@@ -41,3 +43,31 @@ class StopSignals:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def only_noted():
+    """While a finished run closes (trackers, process group): SIGTERM and Ctrl-C are noted in the list
+    this yields, not raised, so the closing is not cut short (cut, it printed "Exception ignored ...
+    Stopped" or ended 143 with no line, though results.json was written). Main thread only."""
+    noted: list[str] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = {
+        s: signal.signal(s, lambda signum, frame: noted.append(signal.Signals(signum).name))
+        for s in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        yield noted
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def ignore_while_exiting() -> None:
+    """The scripts' last step, once `cli` returned: a stop signal while the interpreter exits (threads,
+    atexit hooks) would end the process 143 with no line after a complete run. Only for a process that
+    is about to exit: the handlers are not given back."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)

@@ -19,6 +19,7 @@ from finetune.mnli import cli, main
 from finetune.output.prerun import finished_run
 from finetune.run import setup
 from tests.helpers import PYTHON, REPO, refused, run_cli, snapshot, tiny_args, with_fault, with_flag
+from tests.warm_ranks import run_warm
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
 
@@ -484,7 +485,7 @@ def test_debug_shows_the_traceback(spelling, good, tmp_path):
 def test_a_second_ctrl_c_stops_at_once(tiny_model_dir, nli_files, tmp_path):
     out = tmp_path / "out"
     args = tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "5")
-    done = run_cli([PYTHON, "tests/probes/double_ctrl_c.py", *args], env={"AT": "7"})
+    done = run_warm(args, script="tests/probes/double_ctrl_c.py", env={"AT": "7"})
     assert done.returncode == 130, done.stderr[-2000:]
     assert (
         done.stderr.strip().splitlines()[-1] == "error: stopped by a second Ctrl-C; no new checkpoint written"

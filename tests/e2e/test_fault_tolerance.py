@@ -17,6 +17,7 @@ from finetune.errors import ConfigError
 from finetune.mnli import main
 from finetune.training.checkpoint import file_checksum
 from tests.helpers import PYTHON, free_port, read_jsonl, reset_accelerate, run_cli, tiny_args, weights
+from tests.warm_ranks import run_two_ranks, run_warm
 
 BIN = os.path.dirname(PYTHON)
 EPOCHS = ["--num_train_epochs", "2", "--checkpointing_steps", "10"]  # 38 steps/epoch on 1 rank, 19 on 2
@@ -43,6 +44,14 @@ def launcher(nproc: int, *extra: str) -> list[str]:
     return [os.path.join(BIN, "torchrun"), "--nproc_per_node", str(nproc), "--master_port", port, *extra]
 
 
+def job(nproc: int, script: str, args: list[str], env: dict | None = None):
+    """`python script`, or its 2 ranks under `accelerate launch`, forked warm (tests/warm_ranks.py): these
+    tests are about the run's checkpoints and resume; a launcher's own part is tested with the real one."""
+    if nproc == 1:
+        return run_warm(args, script=script, env=env)
+    return run_two_ranks(args, script=script, env=env)
+
+
 def signal_at(step: int, name: str, ranks: str = "0,1") -> dict:
     """The environment of tests/probes/signal_at_step.py: SIG`name` at `step`, sent by `ranks`."""
     return {"AT_STEP": str(step), "SIGNAL": name, "RANKS": ranks}
@@ -55,7 +64,7 @@ def resume(nproc: int, args: list[str], capsys) -> str:
         capsys.readouterr()
         main(args)
         return capsys.readouterr().out
-    done = run_cli([*launcher(nproc), "finetune/mnli.py", *args])
+    done = job(nproc, "finetune/mnli.py", args)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
@@ -91,7 +100,7 @@ def unbroken(tiny_model_dir, nli_files, tmp_path_factory):
                 main(args)
                 reset_accelerate()
             else:
-                done = run_cli([*launcher(nproc), "finetune/mnli.py", *args])
+                done = job(nproc, "finetune/mnli.py", args)
                 assert done.returncode == 0, done.stderr[-3000:]
             made[nproc] = out
         return made[nproc]
@@ -115,7 +124,7 @@ def test_sigkill_mid_epoch_then_auto_resume_is_bitwise_equal(
     args = tiny_args(tiny_model_dir, nli_files, out, *training_args(nproc))
     at, saved = STOP_AT[nproc], STOP_AT[nproc] // 10 * 10
     # Every rank kills itself at step `at`, as a lost machine takes them all.
-    killed = run_cli([*launcher(nproc), "tests/probes/signal_at_step.py", *args], env=signal_at(at, "KILL"))
+    killed = job(nproc, "tests/probes/signal_at_step.py", args, env=signal_at(at, "KILL"))
     assert killed.returncode != 0 and not (out / "results.json").exists()
     assert checkpoints(out)[-1] == f"checkpoint-{saved}"
     assert step_losses(out)[-1][0] == at // 5 * 5 > saved  # logged after the checkpoint: to be replaced
@@ -153,9 +162,7 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(
     reference = unbroken(1)  # one process is enough: the write is staged the same way for any world size
     out = tmp_path / "out"
     args = tiny_args(tiny_model_dir, nli_files, out, *training_args(1))
-    crashed = run_cli(
-        [PYTHON, "tests/probes/crash_in_checkpoint_write.py", *args], env={"CRASH_IN_CHECKPOINT": "20"}
-    )
+    crashed = job(1, "tests/probes/crash_in_checkpoint_write.py", args, env={"CRASH_IN_CHECKPOINT": "20"})
     assert crashed.returncode == 1
     assert (out / ".checkpoint-20.partial" / "model.safetensors").exists()  # the half-written one
     assert not (out / "checkpoint-20").exists() and (out / "checkpoint-10" / "trainer_state.json").exists()
@@ -177,19 +184,19 @@ def test_sigterm_checkpoints_exits_and_resumes_the_same_wandb_run(
     env = {"HOME": str(tmp_path), "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     at = STOP_AT[nproc]
     told = signal_at(at, "TERM", ranks="1" if nproc == 2 else "0")  # rank 0 must learn it from rank 1
-    stopped = run_cli([*launcher(nproc), "tests/probes/signal_at_step.py", *args], env={**env, **told})
+    stopped = job(nproc, "tests/probes/signal_at_step.py", args, env={**env, **told})
     log = stopped.stdout + stopped.stderr
     said = f"stopped by SIGTERM after step {at}; checkpoint saved to {out / f'checkpoint-{at}'};"
     lines = [line for line in re.split(r"[\r\n]", log) if line.startswith("stopped by")]
     assert len(lines) == 1 and lines[0].startswith(said), log[-3000:]  # one line, from rank 0
-    if nproc == 1:  # torchrun reports a worker that exited 143 as a failure, with its own traceback
-        assert stopped.returncode == 143 and "Traceback" not in log
+    # Every rank exits 143 (torchrun itself would report them as failed, with its own traceback).
+    assert stopped.returncode == 143 and "Traceback" not in log
     assert (out / f"checkpoint-{at}" / "trainer_state.json").exists()
     assert not (out / "results.json").exists()
 
     before_s = json.loads((out / f"checkpoint-{at}" / "trainer_state.json").read_text())["train_runtime_s"]
 
-    done = run_cli([*launcher(nproc), "finetune/mnli.py", *args, "--resume_from_checkpoint", "auto"], env=env)
+    done = job(nproc, "finetune/mnli.py", [*args, "--resume_from_checkpoint", "auto"], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_bitwise_equal(out, reference)
     # Stopped mid log window (lines every 5 steps): the resumed run's lines and totals are the unbroken
@@ -295,3 +302,35 @@ def test_resume_refuses_a_checkpoint_that_would_run_code(tiny_model_dir, nli_fil
             )
         )
     assert not (tmp_path / "pwned").exists()
+
+
+def test_a_stop_signal_while_a_finished_run_closes_leaves_it_complete(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """SIGTERM in the second after results.json, while the trackers and the process group close, cut
+    the closing short ("Exception ignored ... Stopped", or exit 143 saying the run did not finish). Now
+    the closing completes, one note says the run is complete, exit 0, and a relaunch reads it back."""
+    import signal
+
+    from finetune.cli import cli
+    from finetune.run import setup
+
+    def build(*launch):
+        run = setup(*launch)
+        end_training = run.accelerator.end_training
+
+        def sigterm_then_end():
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this main thread
+            end_training()
+
+        run.accelerator.end_training = sigterm_then_end
+        return run
+
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "3")
+    assert cli(args, build) == 0
+    err = capsys.readouterr().err
+    assert "note: SIGTERM arrived as the finished run closed" in err and "did not finish" not in err
+    assert not (out / ".finetune.lock").exists()
+    reset_accelerate()
+    assert main([*args, "--resume_from_checkpoint", "auto"]) == json.loads((out / "results.json").read_text())

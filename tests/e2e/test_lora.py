@@ -5,27 +5,25 @@ import contextlib
 import io
 import json
 import shutil
-import sys
 
 import pytest
 import torch
+from transformers import pipeline
 
 from finetune.mnli import cli, main
 from tests.backbones import build_tiny
 from tests.e2e.conftest import MINILM_STEPS, every_core, minilm_args
 from tests.helpers import (
-    PYTHON,
     SHARED_MNLI,
     assert_same_weights,
-    free_port,
     read_jsonl,
     refused,
     reset_accelerate,
-    run_cli,
     shifted_validation,
     tiny_args,
     weights,
 )
+from tests.warm_ranks import CPU_2, run_two_ranks
 
 LORA_STEPS = 100  # past chance (0.48 on a Zen 5 VM); the full run's 200 would double its cost
 LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8"]
@@ -194,14 +192,9 @@ def test_a_model_peft_cannot_wrap_is_one_line(tiny_model_dir, nli_files, tmp_pat
     assert not (out / "results.json").exists()
 
 
-def accelerate_launch(config_file: str, *launch_args: str) -> list[str]:
-    accelerate = str(__import__("pathlib").Path(PYTHON).parent / "accelerate")
-    return [accelerate, "launch", "--config_file", config_file, "--main_process_port", str(free_port()),
-            *launch_args, "finetune/mnli.py"]  # fmt: skip
-
-
-def two_process(launcher: list[str], args: list[str]) -> dict:
-    done = run_cli([*launcher, *args])
+def two_process(launch_args: list[str], args: list[str]) -> dict:
+    """`accelerate launch *launch_args finetune/mnli.py *args`: 2 ranks forked warm (tests/warm_ranks.py)."""
+    done = run_two_ranks(args, launch_args)
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 
@@ -211,10 +204,7 @@ def test_lora_on_two_processes_ddp_keeps_replicas_equal(tiny_model_dir, nli_file
     """DDP over 2 real processes (gloo): only the adapters' gradients are all-reduced, the replicas end
     identical, and rank 0 exports the merged model and the adapter once."""
     out = tmp_path / "out"
-    done = two_process(
-        accelerate_launch("accelerate_configs/cpu_multiprocess.yaml"),
-        lora_args(tiny_model_dir, nli_files, out, "--gradient_accumulation_steps", "2"),
-    )
+    done = two_process(CPU_2, lora_args(tiny_model_dir, nli_files, out, "--gradient_accumulation_steps", "2"))
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2 and results["replicas_identical"] is True
     assert results["global_step"] == 10  # ceil(600 / (16 x 2 ranks)) = 19 micro-batches per rank
@@ -224,31 +214,31 @@ def test_lora_on_two_processes_ddp_keeps_replicas_equal(tiny_model_dir, nli_file
 
 
 @pytest.mark.multiprocess
-def test_lora_under_fsdp_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
-    """accelerate_configs/fsdp_lora.yaml on 2 CPU processes: sharded base and adapters, resume from a
-    mid-epoch sharded checkpoint, a merged export that pipeline loads without peft."""
-    launch = ["--num_processes", "2", "--gpu_ids", "all", "--mixed_precision", "no"]
+def test_lora_with_the_fsdp_config_on_cpu_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
+    """accelerate_configs/fsdp_lora.yaml on 2 CPU processes, which Accelerate runs as DDP (MULTI_CPU;
+    FSDP needs GPUs): LoRA through the config file's path, resume from a mid-epoch checkpoint, a merged
+    export that pipeline loads without peft."""
+    fsdp = ["--config_file", "accelerate_configs/fsdp_lora.yaml", "--num_processes", "2", "--gpu_ids", "all",
+            "--mixed_precision", "no"]  # fmt: skip
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     args = ["--checkpointing_steps", "10"]  # 1 epoch: 19 steps
-    fsdp = "accelerate_configs/fsdp_lora.yaml"
-    two_process(accelerate_launch(fsdp, *launch), lora_args(tiny_model_dir, nli_files, full, *args))
+    two_process(fsdp, lora_args(tiny_model_dir, nli_files, full, *args))
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-10", resumed / "checkpoint-10")
     resume = [*args, "--resume_from_checkpoint", "auto"]
-    two_process(accelerate_launch(fsdp, *launch), lora_args(tiny_model_dir, nli_files, resumed, *resume))
+    two_process(fsdp, lora_args(tiny_model_dir, nli_files, resumed, *resume))
     a, b = (json.loads((d / "results.json").read_text()) for d in (full, resumed))
     assert a["world_size"] == b["world_size"] == 2 and a["global_step"] == b["global_step"] == 19
+    assert a["distributed_type"] == b["distributed_type"] == "MULTI_CPU"
     assert a["trainable_parameters"] < a["total_parameters"] / 10
     assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"]
     assert_same_weights(weights(full), weights(resumed))
     assert weights(full).keys() == weights(tiny_model_dir).keys()
-    check = (
-        "import sys; from transformers import pipeline; "
-        "classify = pipeline('text-classification', model=sys.argv[1]); "
-        "print(classify([{'text': 'A man sings.', 'text_pair': 'Someone sings.'}])[0]['label'])"
-    )
-    done = run_cli([sys.executable, "-c", check, str(full)])
-    assert done.stdout.strip() in {"entailment", "neutral", "contradiction"}, done.stderr
+    # A plain model: no adapter config beside it for transformers to hand to peft.
+    assert not (full / "adapter_config.json").exists()
+    classify = pipeline("text-classification", model=str(full))
+    label = classify([{"text": "A man sings.", "text_pair": "Someone sings."}])[0]["label"]
+    assert label in {"entailment", "neutral", "contradiction"}
 
 
 @pytest.mark.slow

@@ -4,21 +4,18 @@ checkpointing changes no result and trains with frozen embeddings (as under LoRA
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from finetune.mnli import main
 from tests.helpers import (
-    PYTHON,
     assert_same_weights,
-    free_port,
     reset_accelerate,
-    run_cli,
     tiny_args,
     weights,
 )
 from tests.probes.out_of_memory_above import out_of_memory_above
+from tests.warm_ranks import run_two_ranks
 
 FITS_ROWS = 4  # the probe's device "has memory" for this many training rows per forward
 
@@ -86,14 +83,9 @@ def test_gradient_checkpointing_on_a_decoder(family, tmp_path, nli_files):
 def test_auto_find_batch_size_ranks_agree_on_the_smallest_fit(tiny_model_dir, nli_files, tmp_path):
     # Rank 0 fits 8 rows, rank 1 only 4: both must train at 4 (one global batch, one step plan).
     out = tmp_path / "out"
-    accelerate = os.path.join(os.path.dirname(PYTHON), "accelerate")
-    launcher = [accelerate, "launch", "--config_file", "accelerate_configs/cpu_multiprocess.yaml"]
     flags = ["--auto_find_batch_size", "true", "--max_train_steps", "2", "--max_train_samples", "96"]
-    done = run_cli(
-        [*launcher, "--main_process_port", str(free_port()), "tests/probes/out_of_memory_above.py",
-         *tiny_args(tiny_model_dir, nli_files, out, *flags)],
-        env={"FITS_ROWS": "8,4"},
-    )  # fmt: skip
+    args = tiny_args(tiny_model_dir, nli_files, out, *flags)
+    done = run_two_ranks(args, script="tests/probes/out_of_memory_above.py", env={"FITS_ROWS": "8,4"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "training at 4 with --gradient_accumulation_steps 4 (same global batch)" in done.stdout
     resolved = json.loads((out / "train_config.json").read_text())

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from tests.helpers import PYTHON, free_port, run_cli, tiny_args
+from tests.warm_ranks import run_two_ranks
 
 pytestmark = pytest.mark.multiprocess
 TORCHRUN = [os.path.join(os.path.dirname(PYTHON), "torchrun"), "--nproc_per_node", "2"]
@@ -48,7 +49,7 @@ def test_an_error_every_rank_meets_is_said_once(tiny_model_dir, nli_files, tmp_p
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"premise": "a", "hypothesis": "b", "label": "maybe"}\n' * 4)
     args = tiny_args(tiny_model_dir, {**nli_files, "train": bad}, tmp_path / "out")
-    done = run_cli([*TORCHRUN, "--master_port", str(free_port()), "finetune/mnli.py", *args], timeout=240)
+    done = run_two_ranks(args, timeout=240)
     assert done.returncode != 0
     said = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and "label value(s) 'maybe'" in said[0], done.stderr[-3000:]

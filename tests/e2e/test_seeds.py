@@ -14,7 +14,8 @@ from finetune.errors import ConfigError
 from finetune.mnli import main
 from tests.e2e.test_bad_input import fails_cleanly
 from tests.e2e.test_distributed import two_process
-from tests.helpers import PYTHON, reset_accelerate, run_cli, snapshot, tiny_args, weights
+from tests.helpers import reset_accelerate, snapshot, tiny_args, weights
+from tests.warm_ranks import run_warm
 
 STEPS = [
     "--max_train_steps",
@@ -73,7 +74,7 @@ def test_an_interrupted_study_finishes_with_auto_and_reruns_nothing_finished(
     out = tmp_path / "study"
     args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--seeds", "1,2,3")
     env = {"AT_STEP": "3", "SIGNAL": "KILL", "ONLY_IN": "seed-2"}
-    killed = run_cli([PYTHON, "tests/probes/signal_at_step.py", *args], env=env)
+    killed = run_warm(args, script="tests/probes/signal_at_step.py", env=env)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert (out / "seed-1" / "results.json").exists() and not (out / "seed-2" / "results.json").exists()
     assert not (out / "seed-3").exists() and not (out / "summary.json").exists()

@@ -12,7 +12,8 @@ import torch
 from finetune.errors import ConfigError
 from finetune.mnli import main
 from finetune.studies.sweep import sweep_main
-from tests.helpers import PYTHON, REPO, free_port, kill_tree, reset_accelerate, run_cli, tiny_args, weights
+from tests.helpers import PYTHON, REPO, kill_tree, reset_accelerate, tiny_args, weights
+from tests.warm_ranks import run_two_ranks, run_warm
 
 TRIAL = ["--max_train_steps", "4", "--max_train_samples", "64", "--eval_strategy", "steps",
          "--eval_steps", "2", "--checkpointing_steps", "2", "--logging_steps", "2"]  # fmt: skip
@@ -130,11 +131,14 @@ def test_ddp_trials_train_the_same_params_on_both_ranks(tiny_model_dir, nli_file
     out = tmp_path / "study"
     config = sweep_yaml(tmp_path, "n_trials: 2\nsampler: grid\nsearch_space:\n"
                         "  learning_rate: {type: categorical, choices: [3.0e-3, 1.0e-3]}\n")  # fmt: skip
-    accelerate = os.path.join(os.path.dirname(PYTHON), "accelerate")
-    launcher = [accelerate, "launch", "--config_file", "accelerate_configs/cpu_multiprocess.yaml",
-                "--main_process_port", str(free_port())]  # fmt: skip
-    done = run_cli([*launcher, "finetune/sweep.py", "--sweep_config", config, "--rerun_best_with_seeds", "1",
-                    *tiny_args(tiny_model_dir, nli_files, out, *TRIAL)])  # fmt: skip
+    args = [
+        "--sweep_config",
+        config,
+        "--rerun_best_with_seeds",
+        "1",
+        *tiny_args(tiny_model_dir, nli_files, out, *TRIAL),
+    ]
+    done = run_two_ranks(args, script="finetune/sweep.py")
     assert done.returncode == 0, done.stderr[-4000:]
     trials = report(out)["trials"]
     assert [t["state"] for t in trials] == ["COMPLETE", "COMPLETE"]
@@ -158,7 +162,7 @@ def test_ctrl_c_stops_a_worker_as_a_run_stops_and_its_trial_resumes(
                         "  learning_rate: {type: categorical, choices: [1.0e-3]}\n")  # fmt: skip
     argv = ["--sweep_config", config, *tiny_args(tiny_model_dir, nli_files, out, *TRIAL)]
     env = {"AT_STEP": "3", "KILL_NOTE": str(note), "SIGNAL": "INT"}
-    stopped = run_cli([PYTHON, "tests/probes/sweep_kill_at_step.py", *argv], env=env)
+    stopped = run_warm(argv, script="tests/probes/sweep_kill_at_step.py", env=env)
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     assert "stopped by SIGINT after step 3" in stopped.stderr  # the run's own stop: a checkpoint
     assert (out / "trial-0" / "checkpoint-3").is_dir() and not (out / "trial-0" / "results.json").exists()

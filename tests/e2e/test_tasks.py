@@ -2,15 +2,15 @@
 
 import csv
 import json
-import os
 
 import pytest
 import torch
 
 from finetune.data.tasks import GLUE_TASKS
 from finetune.mnli import main
-from tests.helpers import N_VALIDATION, PYTHON, free_port, read_jsonl, reset_accelerate, run_cli, tiny_args
+from tests.helpers import N_VALIDATION, read_jsonl, reset_accelerate, tiny_args
 from tests.task_data import write_task_files
+from tests.warm_ranks import run_two_ranks
 
 
 @pytest.fixture(scope="module")
@@ -157,13 +157,12 @@ def test_two_processes_evaluate_as_one_and_predict_every_row_once_in_input_order
     test_file = without_labels(nli_files["validation"], tmp_path / "unlabeled.jsonl")
     out = tmp_path / "predict"
     command = [
-        os.path.join(os.path.dirname(PYTHON), "torchrun"), "--nproc_per_node", "2",
-        "--master_port", str(free_port()), "finetune/mnli.py", "--model_name_or_path", str(model_dir),
+        "--model_name_or_path", str(model_dir),
         "--do_train", "false", "--validation_file", str(nli_files["validation"]), "--do_predict",
         "--test_file", str(test_file), "--per_device_eval_batch_size", "8", "--output_dir", str(out),
         "--report_to", "none", "--mixed_precision", "no", "--max_length", "64",
     ]  # fmt: skip
-    done = run_cli(command)
+    done = run_two_ranks(command)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((out / "results.json").read_text())
     one = main(tiny_args(model_dir, nli_files, tmp_path / "one", "--do_train", "false",

@@ -1,0 +1,136 @@
+"""Runs of a script in processes forked from a warm one: `python script ...`, or the 2 ranks of
+`accelerate launch --config_file CONFIG script ...`.
+
+Each is a real process (2 ranks: a real gloo process group), with the environment it would get: the
+caller's, and for ranks what `accelerate launch` gives its workers (accelerate's own parser and
+`prepare_multi_gpu_env`) plus the variables torchrun sets per rank. What is left out is the imports and
+the launcher: a process forks from a server that imported finetune once per session, instead of a fresh
+interpreter spending ~4.5 s of CPU importing torch and transformers, behind a launcher of ~2 s
+(docs/log.md). For tests whose subject is the run (its training, checkpoints, resume, output) on one
+or two processes. What an interpreter's start or a launcher itself does (a fresh process's first lines,
+signals to the launcher, restarts, config files, several machines) goes through the real commands.
+
+The server is multiprocessing's forkserver: a process of its own that imported finetune before any
+thread started, so no run inherits the pytest process's threads (tqdm's monitor, W&B, inductor's pool).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.helpers import REPO, free_port, kill_tree
+
+CPU_2 = ["--config_file", "accelerate_configs/cpu_multiprocess.yaml"]  # 2 processes, gloo, fp32
+_server = None
+
+
+def run_warm(
+    argv: list[str], script="finetune/mnli.py", env: dict | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """`python script *argv` with `env` added to this process's environment, as run_cli returns it
+    (the return code -N when the process was killed by signal N)."""
+    return _run(script, argv, [{**os.environ, **(env or {})}], timeout)
+
+
+def run_two_ranks(
+    argv: list[str],
+    launch_args: list[str] = CPU_2,
+    script="finetune/mnli.py",
+    env: dict | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
+    """`accelerate launch *launch_args script *argv`'s ranks, as run_cli returns a command: the exit code
+    (the first failed rank's, as a launcher reports it; the others are stopped then, as torchrun stops
+    them), and stdout and stderr, each holding every rank's lines as the launcher's streams do."""
+    launched, nproc = launch_env(launch_args, script)
+    per_rank = {"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
+                "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_USE_AGENT_STORE": "False"}  # fmt: skip
+    environments = [
+        {**launched, **per_rank, **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)}
+        for r in range(nproc)
+    ]
+    return _run(script, argv, environments, timeout)
+
+
+def launch_env(launch_args: list[str], script: str) -> tuple[dict[str, str], int]:
+    """What `accelerate launch *launch_args --main_process_port P script` puts in its workers'
+    environment before torchrun's per-rank variables (computed by accelerate itself), and its
+    number of processes."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args([*launch_args, "--main_process_port", str(free_port()), script])
+    args, *_ = _validate_launch_command(args)
+    env = prepare_multi_gpu_env(args)
+    return {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.main_process_port)}, args.num_processes
+
+
+def _context():
+    global _server
+    if _server is None:
+        _server = multiprocessing.get_context("forkserver")
+        _server.set_forkserver_preload(["finetune.cli", "finetune.studies.sweep"])  # the scripts' imports
+    return _server
+
+
+def _run(
+    script: str, argv: list[str], environments: list[dict], timeout: float
+) -> subprocess.CompletedProcess:
+    logs = []
+    for stream in ("stdout", "stderr"):
+        handle, name = tempfile.mkstemp(prefix=f"warm-{stream}-", suffix=".log")
+        os.close(handle)
+        logs.append(name)
+    processes = [_context().Process(target=_process, args=(env, script, argv, logs)) for env in environments]
+    for process in processes:
+        process.start()
+    code = _wait(processes, timeout)
+    stdout, stderr = (Path(log).read_text() for log in logs)
+    for log in logs:
+        os.unlink(log)
+    if code is None:
+        raise AssertionError(f"timed out after {timeout} s: {script} {' '.join(argv)}\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess([script, *argv], code, stdout, stderr)
+
+
+def _process(env: dict, script: str, argv: list[str], logs: list[str]) -> None:
+    """In the forked process: its environment, stdout and stderr into `logs`, the script run as
+    `python script` runs it (its imports are the server's, already done)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(REPO)
+    for fd, log in ((1, logs[0]), (2, logs[1])):
+        os.dup2(os.open(log, os.O_WRONLY | os.O_APPEND), fd)
+    # Line by line, as a process started with PYTHONUNBUFFERED would: a killed one loses no line.
+    sys.stdout, sys.stderr = (open(fd, "w", buffering=1, closefd=False) for fd in (1, 2))  # noqa: SIM115
+    sys.argv = [script, *argv]
+    runpy.run_path(script, run_name="__main__")
+
+
+def _wait(processes, timeout: float) -> int | None:
+    """The exit code: 0, or the first failure's (then the others are killed); None on a timeout."""
+    pending = {process.sentinel: process for process in processes}
+    code = 0
+    while pending:
+        ready = multiprocessing.connection.wait(list(pending), timeout)
+        if not ready:
+            for process in pending.values():
+                kill_tree(process.pid)
+            return None
+        for sentinel in ready:
+            process = pending.pop(sentinel)
+            process.join()
+            if process.exitcode != 0 and code == 0:
+                code = process.exitcode  # as Popen's returncode: -N when killed by signal N
+                for other in pending.values():
+                    kill_tree(other.pid)
+    return code
