@@ -78,7 +78,7 @@ def _context():
     global _server
     if _server is None:
         _server = multiprocessing.get_context("forkserver")
-        _server.set_forkserver_preload(["finetune.cli", "finetune.studies.sweep"])  # the scripts' imports
+        _server.set_forkserver_preload(["tests.frozen_imports"])  # the scripts' imports
     return _server
 
 

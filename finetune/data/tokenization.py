@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 from datasets import Dataset
@@ -46,6 +47,9 @@ def tokenize_splits(
         encoded["length"] = [len(ids) for ids in encoded["input_ids"]]
         return encoded
 
+    # What decides the tokens besides each split's rows: datasets' cache key (`new_fingerprint`) is
+    # made of them, rather than of a pickled tokenizer (tokenizer_state).
+    decides = (task.text_columns, max_length, doc_stride, weigh_documents, tokenizer_state(tokenizer))
     # Rank 0 tokenizes and writes the cache first; the other ranks then read it instead of redoing it.
     with accelerator.main_process_first():
         return {
@@ -56,6 +60,35 @@ def tokenize_splits(
                 fn_kwargs={"name": name},
                 remove_columns=split.column_names,
                 desc=f"tokenize {name}",
+                new_fingerprint=decides[-1] and _key(split, name, decides, encode),
             )
             for name, split in splits.items()
         }
+
+
+def tokenizer_state(tokenizer) -> str | None:
+    """Everything of a fast tokenizer that decides its tokens: the Rust tokenizer's full serialization
+    (vocabulary, normalizer, pre-tokenizer, special tokens' template) and the Python side's settings,
+    with the versions. Without it datasets hashes the tokenization function by pickling the tokenizer
+    it closes over, ~0.3 s per split even for BERT's vocabulary, on every rank of every run (docs/log.md).
+    None, so datasets hashes as before, for a tokenizer without a fast (Rust) backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    import tokenizers
+    import transformers
+
+    # transformers sets truncation and padding on the backend per call: cleared, the state does not
+    # depend on the previous call (the next call sets them again).
+    backend.no_truncation()
+    backend.no_padding()
+    return repr((type(tokenizer).__name__, tokenizer.truncation_side, tokenizer.model_input_names,
+                 backend.to_str(), transformers.__version__, tokenizers.__version__))  # fmt: skip
+
+
+def _key(split: Dataset, name: str, decides: tuple, encode) -> str:
+    """datasets' cache key for one split's tokens: its rows' fingerprint, what decides the tokens, and
+    this module's code."""
+    parts = (split._fingerprint, name, "label" in split.column_names, decides, encode.__code__.co_code,
+             encode_windows.__code__.co_code)  # fmt: skip
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+import tests.frozen_imports  # noqa: F401  (imports, then gc.freeze(): collections skip them)
 from tests.helpers import SHARED_MNLI, minilm_dir, reset_accelerate
 
 MINILM_STEPS = 200  # x 32 pairs: MiniLM well past chance (0.59 on a Zen 5 VM; 0.51 after 100 steps)

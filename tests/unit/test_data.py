@@ -101,6 +101,39 @@ def test_tokenized_splits_are_cached(tmp_path, tiny_model_dir):
     assert second["length"] == [len(ids) for ids in second["input_ids"]]
 
 
+def test_the_tokens_cache_is_keyed_by_everything_that_decides_the_tokens(tmp_path, tiny_model_dir):
+    """The cache key finetune gives datasets (instead of datasets pickling the tokenizer to hash it):
+    another tokenizer, another --max_length or other rows never get the cached tokens of the first."""
+    from transformers import AutoTokenizer
+
+    from tests.backbones import decoder_tokenizer
+
+    path = write(tmp_path / "rows.jsonl", ROWS)
+    accelerator = Accelerator(cpu=True)
+    bert = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cased = AutoTokenizer.from_pretrained(tiny_model_dir, do_lower_case=False)  # same files, other tokens
+    llama = decoder_tokenizer()
+
+    def train(tokenizer, max_length=32, rows=path):
+        return tokenize_splits(*load_splits(config_for(rows, rows)), tokenizer, max_length, accelerator)[
+            "train"
+        ]
+
+    first = train(bert)
+    assert first._fingerprint == train(bert)._fingerprint  # the same key: cached
+    others = [
+        train(cased),
+        train(llama),
+        train(bert, 8),
+        train(bert, rows=write(tmp_path / "b.jsonl", ROWS[::-1])),
+    ]
+    assert len({first._fingerprint, *(o._fingerprint for o in others)}) == 5
+    for other, tokenizer, max_length in zip(others[:3], (cased, llama, bert), (32, 32, 8), strict=True):
+        assert other["input_ids"][0] == tokenizer(ROWS[0]["premise"], ROWS[0]["hypothesis"], truncation=True,
+                                                  max_length=max_length)["input_ids"]  # fmt: skip
+    assert others[0]["input_ids"] != first["input_ids"]  # cased WordPiece splits "A" otherwise
+
+
 LENGTHS = [((i * 7919) % 97) + 3 for i in range(1000)]
 
 
