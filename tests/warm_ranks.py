@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import resource
 import runpy
 import subprocess
 import sys
@@ -32,11 +33,16 @@ _server = None
 
 
 def run_warm(
-    argv: list[str], script="finetune/mnli.py", env: dict | None = None, timeout: float = 300
+    argv: list[str],
+    script="finetune/mnli.py",
+    env: dict | None = None,
+    timeout: float = 300,
+    file_size_limit_kib: int | None = None,
 ) -> subprocess.CompletedProcess:
     """`python script *argv` with `env` added to this process's environment, as run_cli returns it
-    (the return code -N when the process was killed by signal N)."""
-    return _run(script, argv, [{**os.environ, **(env or {})}], timeout)
+    (the return code -N when the process was killed by signal N). `file_size_limit_kib`: as `ulimit -f`
+    (RLIMIT_FSIZE), a write beyond it fails with EFBIG as on a full disk."""
+    return _run(script, argv, [{**os.environ, **(env or {})}], timeout, file_size_limit_kib)
 
 
 def run_two_ranks(
@@ -45,6 +51,7 @@ def run_two_ranks(
     script="finetune/mnli.py",
     env: dict | None = None,
     timeout: float = 300,
+    file_size_limit_kib: int | None = None,
 ) -> subprocess.CompletedProcess:
     """`accelerate launch *launch_args script *argv`'s ranks, as run_cli returns a command: the exit code
     (the first failed rank's, as a launcher reports it; the others are stopped then, as torchrun stops
@@ -58,7 +65,7 @@ def run_two_ranks(
         {**launched, **per_rank, **(env or {}), "RANK": str(r), "LOCAL_RANK": str(r), "ROLE_RANK": str(r)}
         for r in range(nproc)
     ]
-    return _run(script, argv, environments, timeout)
+    return _run(script, argv, environments, timeout, file_size_limit_kib)
 
 
 def launch_env(launch_args: list[str], script: str) -> tuple[dict[str, str], int]:
@@ -83,14 +90,17 @@ def _context():
 
 
 def _run(
-    script: str, argv: list[str], environments: list[dict], timeout: float
+    script: str, argv: list[str], environments: list[dict], timeout: float, file_size_limit_kib: int | None
 ) -> subprocess.CompletedProcess:
     logs = []
     for stream in ("stdout", "stderr"):
         handle, name = tempfile.mkstemp(prefix=f"warm-{stream}-", suffix=".log")
         os.close(handle)
         logs.append(name)
-    processes = [_context().Process(target=_process, args=(env, script, argv, logs)) for env in environments]
+    processes = [
+        _context().Process(target=_process, args=(env, script, argv, logs, file_size_limit_kib))
+        for env in environments
+    ]
     for process in processes:
         process.start()
     code = _wait(processes, timeout)
@@ -102,9 +112,11 @@ def _run(
     return subprocess.CompletedProcess([script, *argv], code, stdout, stderr)
 
 
-def _process(env: dict, script: str, argv: list[str], logs: list[str]) -> None:
+def _process(env: dict, script: str, argv: list[str], logs: list[str], file_size_limit_kib: int | None):
     """In the forked process: its environment, stdout and stderr into `logs`, the script run as
     `python script` runs it (its imports are the server's, already done)."""
+    if file_size_limit_kib is not None:  # Python ignores SIGXFSZ: the write fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit_kib * 1024,) * 2)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(REPO)
