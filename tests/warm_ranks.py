@@ -45,7 +45,7 @@ def run_warm(
     return _run(script, argv, [{**os.environ, **(env or {})}], timeout, file_size_limit_kib)
 
 
-def run_two_ranks(
+def run_ranks(
     argv: list[str],
     launch_args: list[str] = CPU_2,
     script="finetune/mnli.py",
@@ -53,10 +53,12 @@ def run_two_ranks(
     timeout: float = 300,
     file_size_limit_kib: int | None = None,
 ) -> subprocess.CompletedProcess:
-    """`accelerate launch *launch_args script *argv`'s ranks, as run_cli returns a command: the exit code
+    """`accelerate launch *launch_args script *argv`'s processes, as run_cli returns a command: the exit code
     (the first failed rank's, as a launcher reports it; the others are stopped then, as torchrun stops
     them), and stdout and stderr, each holding every rank's lines as the launcher's streams do."""
     launched, nproc = launch_env(launch_args, script)
+    if nproc == 1:
+        return _run(script, argv, [{**launched, **(env or {})}], timeout, file_size_limit_kib)
     per_rank = {"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "WORLD_SIZE": str(nproc),
                 "LOCAL_WORLD_SIZE": str(nproc), "ROLE_WORLD_SIZE": str(nproc),
                 "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
@@ -70,13 +72,15 @@ def run_two_ranks(
 
 def launch_env(launch_args: list[str], script: str) -> tuple[dict[str, str], int]:
     """What `accelerate launch *launch_args --main_process_port P script` puts in its workers'
-    environment before torchrun's per-rank variables (computed by accelerate itself), and its
-    number of processes."""
+    environment (before torchrun's per-rank variables, with several), computed by accelerate itself,
+    and its number of processes."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
-    from accelerate.utils.launch import prepare_multi_gpu_env
+    from accelerate.utils.launch import prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 
     args = launch_command_parser().parse_args([*launch_args, "--main_process_port", str(free_port()), script])
     args, *_ = _validate_launch_command(args)
+    if args.num_processes == 1:  # accelerate's simple launcher: `python script` with its environment
+        return prepare_simple_launcher_cmd_env(args)[1], 1
     env = prepare_multi_gpu_env(args)
     return {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(args.main_process_port)}, args.num_processes
 

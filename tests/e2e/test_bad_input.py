@@ -19,7 +19,7 @@ from finetune.mnli import cli, main
 from finetune.output.prerun import finished_run
 from finetune.run import setup
 from tests.helpers import PYTHON, REPO, refused, run_cli, snapshot, tiny_args, with_fault, with_flag
-from tests.warm_ranks import run_warm
+from tests.warm_ranks import run_ranks, run_warm
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
 
@@ -46,16 +46,10 @@ def fails_cleanly(argv, finished, expected: str, capsys, build=None, exit_code: 
     return last
 
 
-def fails_cleanly_in_a_process(
-    command, finished, expected: str, env=None, launcher_traceback=False, file_size_limit_kib=None
-) -> str:
+def fails_cleanly_in_a_process(command, finished, expected: str, env=None, file_size_limit_kib=None) -> str:
     """The same through a real process: and no traceback at all on its stderr. `command` a list to
     start, or (with `file_size_limit_kib`, as `ulimit -f`) the flags of `python finetune/mnli.py` in a
-    process forked warm (tests/warm_ranks.py).
-
-    With `launcher_traceback`, `accelerate launch` adds its own report of the failed child after
-    that line (it always does); finetune's line must still be there, and no traceback from finetune.
-    """
+    process forked warm (tests/warm_ranks.py)."""
     before = snapshot(finished)
     if file_size_limit_kib is None:
         done = run_cli(command, env=env)
@@ -64,12 +58,7 @@ def fails_cleanly_in_a_process(
     assert done.returncode != 0
     lines = [line for line in done.stderr.strip().splitlines() if line.startswith("error: ")]
     assert lines and expected in lines[-1], done.stderr[-2000:]
-    if launcher_traceback:
-        assert "finetune/" not in "".join(
-            x for x in done.stderr.splitlines() if x.strip().startswith("File ")
-        )
-    else:
-        assert done.stderr.strip().splitlines()[-1] == lines[-1] and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == lines[-1] and "Traceback" not in done.stderr
     assert snapshot(finished) == before
     return lines[-1]
 
@@ -370,11 +359,20 @@ def test_a_fresh_process_prints_one_line_and_no_traceback(good, finished, tmp_pa
     ids=["single", "multi"],
 )
 def test_gpu_config_on_a_machine_without_gpus(config, gpus, good, finished):
-    launch = [os.path.join(os.path.dirname(PYTHON), "accelerate"), "launch", "--config_file",
-              f"accelerate_configs/{config}", "--num_processes", "1" if config == "single_gpu.yaml" else "2",
-              "finetune/mnli.py"]  # fmt: skip
-    expected = f"asks for GPU(s) {gpus} but this machine has no CUDA GPU"
-    fails_cleanly_in_a_process([*launch, *good], finished, expected, launcher_traceback=True)
+    """The environment `accelerate launch` derives from a GPU config (its gpu_ids as CUDA_VISIBLE_DEVICES),
+    in processes forked warm (tests/warm_ranks.py): every rank refuses at once, in one line."""
+    before = snapshot(finished)
+    launch = [
+        "--config_file",
+        f"accelerate_configs/{config}",
+        "--num_processes",
+        "1" if "single" in config else "2",
+    ]
+    done = run_ranks(good, launch)
+    lines = [line for line in done.stderr.strip().splitlines() if line.startswith("error: ")]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert f"asks for GPU(s) {gpus} but this machine has no CUDA GPU" in lines[0]
+    assert "Traceback" not in done.stderr and snapshot(finished) == before
 
 
 @pytest.mark.subprocess

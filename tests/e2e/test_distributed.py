@@ -30,7 +30,7 @@ from tests.helpers import (
     weights,
     without_dropout,
 )
-from tests.warm_ranks import run_two_ranks
+from tests.warm_ranks import run_ranks
 
 pytestmark = pytest.mark.multiprocess
 BIN = os.path.dirname(PYTHON)
@@ -52,9 +52,7 @@ def accelerate_launch(config_file: str, *launch_args: str) -> list[str]:
 def two_process(script_args: list[str], launcher: list[str] | None = None, script="finetune/mnli.py"):
     """The job on 2 ranks: through `launcher`'s command, or (none given) forked from the warm process
     with the environment `accelerate launch` gives them for the config file the tests document."""
-    done = (
-        run_cli([*launcher, script, *script_args]) if launcher else run_two_ranks(script_args, script=script)
-    )
+    done = run_cli([*launcher, script, *script_args]) if launcher else run_ranks(script_args, script=script)
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 
@@ -233,14 +231,14 @@ def test_the_fsdp_config_on_cpu_trains_resumes_and_exports_as_ddp(tiny_model_dir
     shifted.write_text("".join(json.dumps({**r, "label": (r["label"] + 1) % 3}) + "\n" for r in rows))
     nli_files = {**nli_files, "validation": shifted}
     args = ["--checkpointing_steps", "10", "--eval_strategy", "steps", "--eval_steps", "4"]  # 19 steps
-    done = run_two_ranks(tiny_args(tiny_model_dir, nli_files, full, *args), fsdp)
+    done = run_ranks(tiny_args(tiny_model_dir, nli_files, full, *args), fsdp)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("asks for FSDP, but Accelerate runs it as MULTI_CPU") == 1
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-10", resumed / "checkpoint-10")  # mid-epoch
     # With the best model so far (a run resumed in its own folder finds it there).
     shutil.copytree(full / "best_model", resumed / "best_model")
-    done = run_two_ranks(
+    done = run_ranks(
         tiny_args(tiny_model_dir, nli_files, resumed, *args, "--resume_from_checkpoint", "auto"), fsdp
     )
     assert done.returncode == 0, done.stderr[-3000:]

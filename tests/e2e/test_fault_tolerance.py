@@ -17,7 +17,7 @@ from finetune.errors import ConfigError
 from finetune.mnli import main
 from finetune.training.checkpoint import file_checksum
 from tests.helpers import PYTHON, free_port, read_jsonl, reset_accelerate, run_cli, tiny_args, weights
-from tests.warm_ranks import run_two_ranks, run_warm
+from tests.warm_ranks import run_ranks, run_warm
 
 BIN = os.path.dirname(PYTHON)
 EPOCHS = ["--num_train_epochs", "2", "--checkpointing_steps", "10"]  # 38 steps/epoch on 1 rank, 19 on 2
@@ -49,7 +49,7 @@ def job(nproc: int, script: str, args: list[str], env: dict | None = None):
     tests are about the run's checkpoints and resume; a launcher's own part is tested with the real one."""
     if nproc == 1:
         return run_warm(args, script=script, env=env)
-    return run_two_ranks(args, script=script, env=env)
+    return run_ranks(args, script=script, env=env)
 
 
 def signal_at(step: int, name: str, ranks: str = "0,1") -> dict:

@@ -23,7 +23,7 @@ from tests.helpers import (
     tiny_args,
     weights,
 )
-from tests.warm_ranks import CPU_2, run_two_ranks
+from tests.warm_ranks import CPU_2, run_ranks
 
 LORA_STEPS = 50  # at 2e-3, past chance; 1e-3 needs about 100 (docs/log.md)
 LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8"]
@@ -194,7 +194,7 @@ def test_a_model_peft_cannot_wrap_is_one_line(tiny_model_dir, nli_files, tmp_pat
 
 def two_process(launch_args: list[str], args: list[str]) -> dict:
     """`accelerate launch *launch_args finetune/mnli.py *args`: 2 ranks forked warm (tests/warm_ranks.py)."""
-    done = run_two_ranks(args, launch_args)
+    done = run_ranks(args, launch_args)
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 

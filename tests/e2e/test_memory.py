@@ -15,7 +15,7 @@ from tests.helpers import (
     weights,
 )
 from tests.probes.out_of_memory_above import out_of_memory_above
-from tests.warm_ranks import run_two_ranks
+from tests.warm_ranks import run_ranks
 
 FITS_ROWS = 4  # the probe's device "has memory" for this many training rows per forward
 
@@ -85,7 +85,7 @@ def test_auto_find_batch_size_ranks_agree_on_the_smallest_fit(tiny_model_dir, nl
     out = tmp_path / "out"
     flags = ["--auto_find_batch_size", "true", "--max_train_steps", "2", "--max_train_samples", "96"]
     args = tiny_args(tiny_model_dir, nli_files, out, *flags)
-    done = run_two_ranks(args, script="tests/probes/out_of_memory_above.py", env={"FITS_ROWS": "8,4"})
+    done = run_ranks(args, script="tests/probes/out_of_memory_above.py", env={"FITS_ROWS": "8,4"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "training at 4 with --gradient_accumulation_steps 4 (same global batch)" in done.stdout
     resolved = json.loads((out / "train_config.json").read_text())

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from tests.helpers import PYTHON, free_port, run_cli, tiny_args
-from tests.warm_ranks import run_two_ranks
+from tests.warm_ranks import run_ranks
 
 pytestmark = pytest.mark.multiprocess
 TORCHRUN = [os.path.join(os.path.dirname(PYTHON), "torchrun"), "--nproc_per_node", "2"]
@@ -31,7 +31,7 @@ def test_a_full_disk_on_two_ranks_is_one_line(tiny_model_dir, nli_files, tmp_pat
     line, and no traceback from finetune's code."""
     out = tmp_path / "out"
     args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "4", "--checkpointing_steps", "2")
-    done = run_two_ranks(args, timeout=240, file_size_limit_kib=6000)
+    done = run_ranks(args, timeout=240, file_size_limit_kib=6000)
     assert done.returncode != 0
     errors = [
         line for line in done.stderr.splitlines() if line.startswith("error: writing checkpoint-2 failed")
@@ -47,7 +47,7 @@ def test_an_error_every_rank_meets_is_said_once(tiny_model_dir, nli_files, tmp_p
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"premise": "a", "hypothesis": "b", "label": "maybe"}\n' * 4)
     args = tiny_args(tiny_model_dir, {**nli_files, "train": bad}, tmp_path / "out")
-    done = run_two_ranks(args, timeout=240)
+    done = run_ranks(args, timeout=240)
     assert done.returncode != 0
     said = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and "label value(s) 'maybe'" in said[0], done.stderr[-3000:]

@@ -13,7 +13,7 @@ from finetune.errors import ConfigError
 from finetune.mnli import main
 from finetune.studies.sweep import sweep_main
 from tests.helpers import PYTHON, REPO, kill_tree, reset_accelerate, tiny_args, weights
-from tests.warm_ranks import run_two_ranks, run_warm
+from tests.warm_ranks import run_ranks, run_warm
 
 TRIAL = ["--max_train_steps", "4", "--max_train_samples", "64", "--eval_strategy", "steps",
          "--eval_steps", "2", "--checkpointing_steps", "2", "--logging_steps", "2"]  # fmt: skip
@@ -138,7 +138,7 @@ def test_ddp_trials_train_the_same_params_on_both_ranks(tiny_model_dir, nli_file
         "1",
         *tiny_args(tiny_model_dir, nli_files, out, *TRIAL),
     ]
-    done = run_two_ranks(args, script="finetune/sweep.py")
+    done = run_ranks(args, script="finetune/sweep.py")
     assert done.returncode == 0, done.stderr[-4000:]
     trials = report(out)["trials"]
     assert [t["state"] for t in trials] == ["COMPLETE", "COMPLETE"]

@@ -10,7 +10,7 @@ from finetune.data.tasks import GLUE_TASKS
 from finetune.mnli import main
 from tests.helpers import N_VALIDATION, read_jsonl, reset_accelerate, tiny_args
 from tests.task_data import write_task_files
-from tests.warm_ranks import run_two_ranks
+from tests.warm_ranks import run_ranks
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +162,7 @@ def test_two_processes_evaluate_as_one_and_predict_every_row_once_in_input_order
         "--test_file", str(test_file), "--per_device_eval_batch_size", "8", "--output_dir", str(out),
         "--report_to", "none", "--mixed_precision", "no", "--max_length", "64",
     ]  # fmt: skip
-    done = run_two_ranks(command)
+    done = run_ranks(command)
     assert done.returncode == 0, done.stderr[-3000:]
     two = json.loads((out / "results.json").read_text())
     one = main(tiny_args(model_dir, nli_files, tmp_path / "one", "--do_train", "false",
