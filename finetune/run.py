@@ -102,8 +102,13 @@ def predict_with_finished(args: TrainConfig, finished: dict, build=None) -> dict
         report_to="none",
         push_to_hub=False,
     )
-    predicted = run_config(predicting, build)
+    late = None
+    try:
+        predicted = run_config(predicting, build)
+    except StoppedAfterFinish as stopped:  # the predictions are written: moved below, then it goes on
+        late, predicted = stopped, None
     if launcher_rank() == 0:
+        predicted = predicted or json.loads((scratch / "results.json").read_text())  # rank 0 wrote it
         with writing("predictions.jsonl", output_dir):
             os.replace(scratch / "predictions.jsonl", output_dir / "predictions.jsonl")
             finished = {**finished, "predict_samples": predicted["predict_samples"]}
@@ -111,6 +116,8 @@ def predict_with_finished(args: TrainConfig, finished: dict, build=None) -> dict
         shutil.rmtree(scratch, ignore_errors=True)
         rows = predicted["predict_samples"]
         print(f"predictions.jsonl ({rows} rows, by the finished run's model): {output_dir.resolve()}")
+    if late is not None:
+        raise late
     return finished
 
 

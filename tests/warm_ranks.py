@@ -12,6 +12,8 @@ signals to the launcher, restarts, config files, several machines) goes through 
 
 The server is multiprocessing's forkserver: a process of its own that imported finetune before any
 thread started, so no run inherits the pytest process's threads (tqdm's monitor, W&B, inductor's pool).
+What a library reads from the environment when it is imported (OMP_NUM_THREADS for libgomp, the
+Hugging Face cache paths) is the server's, the pytest process's at its start: `env` cannot change it.
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ import multiprocessing.connection
 import os
 import resource
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from tests.helpers import REPO, free_port, kill_tree
 
+GRACE_S = 10  # between the SIGTERM and the SIGKILL to the others once one failed
 CPU_2 = ["--config_file", "accelerate_configs/cpu_multiprocess.yaml"]  # 2 processes, gloo, fp32
 _server = None
 
@@ -42,7 +47,9 @@ def run_warm(
     """`python script *argv` with `env` added to this process's environment, as run_cli returns it
     (the return code -N when the process was killed by signal N). `file_size_limit_kib`: as `ulimit -f`
     (RLIMIT_FSIZE), a write beyond it fails with EFBIG as on a full disk."""
-    return _run(script, argv, [{**os.environ, **(env or {})}], timeout, file_size_limit_kib)
+    done = _run(script, argv, [{**os.environ, **(env or {})}], timeout, file_size_limit_kib)
+    done.returncode = done.rank_returncodes[0]
+    return done
 
 
 def run_ranks(
@@ -53,9 +60,11 @@ def run_ranks(
     timeout: float = 300,
     file_size_limit_kib: int | None = None,
 ) -> subprocess.CompletedProcess:
-    """`accelerate launch *launch_args script *argv`'s processes, as run_cli returns a command: the exit code
-    (the first failed rank's, as a launcher reports it; the others are stopped then, as torchrun stops
-    them), and stdout and stderr, each holding every rank's lines as the launcher's streams do."""
+    """`accelerate launch *launch_args script *argv`'s processes, as run_cli returns the command: exit code
+    0, or 1 once a process failed (what `accelerate launch` exits with: the others are stopped then, as
+    torchrun stops them; each process's own code is in `rank_returncodes`),
+    and stdout and stderr, each holding every process's lines as the launcher's streams do (not the
+    launcher's own report of a failure)."""
     launched, nproc = launch_env(launch_args, script)
     if nproc == 1:
         return _run(script, argv, [{**launched, **(env or {})}], timeout, file_size_limit_kib)
@@ -96,6 +105,7 @@ def _context():
 def _run(
     script: str, argv: list[str], environments: list[dict], timeout: float, file_size_limit_kib: int | None
 ) -> subprocess.CompletedProcess:
+    """The processes, one per environment; returncode as a launcher's (0, or 1 once one failed)."""
     logs = []
     for stream in ("stdout", "stderr"):
         handle, name = tempfile.mkstemp(prefix=f"warm-{stream}-", suffix=".log")
@@ -105,15 +115,24 @@ def _run(
         _context().Process(target=_process, args=(env, script, argv, logs, file_size_limit_kib))
         for env in environments
     ]
-    for process in processes:
-        process.start()
-    code = _wait(processes, timeout)
-    stdout, stderr = (Path(log).read_text() for log in logs)
-    for log in logs:
-        os.unlink(log)
-    if code is None:
+    try:
+        for process in processes:
+            process.start()
+        codes = _wait(processes, time.monotonic() + timeout)
+    finally:  # a timeout, a failure or Ctrl-C here: no process outlives the call
+        for process in processes:
+            if process.pid is not None and process.exitcode is None:
+                kill_tree(process.pid)
+            if process.pid is not None:
+                process.join()
+        stdout, stderr = (Path(log).read_text() for log in logs)
+        for log in logs:
+            os.unlink(log)
+    if codes is None:
         raise AssertionError(f"timed out after {timeout} s: {script} {' '.join(argv)}\n{stderr[-3000:]}")
-    return subprocess.CompletedProcess([script, *argv], code, stdout, stderr)
+    done = subprocess.CompletedProcess([script, *argv], int(any(codes)), stdout, stderr)
+    done.rank_returncodes = codes
+    return done
 
 
 def _process(env: dict, script: str, argv: list[str], logs: list[str], file_size_limit_kib: int | None):
@@ -132,21 +151,30 @@ def _process(env: dict, script: str, argv: list[str], logs: list[str], file_size
     runpy.run_path(script, run_name="__main__")
 
 
-def _wait(processes, timeout: float) -> int | None:
-    """The exit code: 0, or the first failure's (then the others are killed); None on a timeout."""
+def _wait(processes, deadline: float) -> list[int | None] | None:
+    """Each process's exit code (-N: killed by signal N), once all ended; after the first failure the
+    others get SIGTERM, then SIGKILL after GRACE_S. None at the deadline."""
     pending = {process.sentinel: process for process in processes}
-    code = 0
+    codes: dict = {}
     while pending:
-        ready = multiprocessing.connection.wait(list(pending), timeout)
+        ready = multiprocessing.connection.wait(list(pending), max(0.0, deadline - time.monotonic()))
         if not ready:
-            for process in pending.values():
-                kill_tree(process.pid)
             return None
         for sentinel in ready:
             process = pending.pop(sentinel)
             process.join()
-            if process.exitcode != 0 and code == 0:
-                code = process.exitcode  # as Popen's returncode: -N when killed by signal N
+            codes[process] = process.exitcode
+            if process.exitcode != 0:  # as torchrun's agent: SIGTERM to the others, SIGKILL after a grace
+                multiprocessing.connection.wait(list(pending), 2)  # ranks failing together end on their own
                 for other in pending.values():
-                    kill_tree(other.pid)
-    return code
+                    if other.exitcode is None:
+                        os.kill(other.pid, signal.SIGTERM)
+                for other in pending.values():
+                    other.join(GRACE_S)
+                    if other.exitcode is None:
+                        kill_tree(other.pid)
+                        other.join()
+                    codes[other] = other.exitcode
+                pending.clear()
+                break
+    return [codes[process] for process in processes]

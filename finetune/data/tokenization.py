@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections import Counter
+from pathlib import Path
 
 from datasets import Dataset
 
 from finetune.data.tasks import Task
 from finetune.data.windows import encode_windows
+
+PYTHON_SIDE = ("truncation_side", "model_input_names", "split_special_tokens", "add_bos_token",
+               "add_eos_token")  # fmt: skip
+"""The tokenizer's attributes besides its Rust serialization that decide the tokens (transformers copies
+split_special_tokens onto the backend per call; to_str() leaves it out)."""
 
 
 def tokenize_splits(
@@ -60,7 +67,7 @@ def tokenize_splits(
                 fn_kwargs={"name": name},
                 remove_columns=split.column_names,
                 desc=f"tokenize {name}",
-                new_fingerprint=decides[-1] and _key(split, name, decides, encode),
+                new_fingerprint=decides[-1] and _key(split, name, decides),
             )
             for name, split in splits.items()
         }
@@ -82,13 +89,20 @@ def tokenizer_state(tokenizer) -> str | None:
     # depend on the previous call (the next call sets them again).
     backend.no_truncation()
     backend.no_padding()
-    return repr((type(tokenizer).__name__, tokenizer.truncation_side, tokenizer.model_input_names,
-                 backend.to_str(), transformers.__version__, tokenizers.__version__))  # fmt: skip
+    settings = {name: getattr(tokenizer, name, None) for name in PYTHON_SIDE}
+    return repr((type(tokenizer).__name__, settings, backend.to_str(), transformers.__version__,
+                 tokenizers.__version__))  # fmt: skip
 
 
-def _key(split: Dataset, name: str, decides: tuple, encode) -> str:
+def _key(split: Dataset, name: str, decides: tuple) -> str:
     """datasets' cache key for one split's tokens: its rows' fingerprint, what decides the tokens, and
-    this module's code."""
-    parts = (split._fingerprint, name, "label" in split.column_names, decides, encode.__code__.co_code,
-             encode_windows.__code__.co_code)  # fmt: skip
+    the code that encodes them."""
+    parts = (split._fingerprint, name, "label" in split.column_names, decides, _code_digest())
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def _code_digest() -> str:
+    """This module's and the windows' source: a changed encoding never reads a cache from before it."""
+    here = Path(__file__)
+    return hashlib.sha256(here.read_bytes() + here.with_name("windows.py").read_bytes()).hexdigest()

@@ -10,6 +10,8 @@ import threading
 
 import torch
 
+from finetune.errors import StoppedAfterFinish
+
 
 class StopSignals:
     """SIGTERM (preemption) and SIGINT (Ctrl-C) only set a flag; the loop stops at the next step.
@@ -49,15 +51,20 @@ class StopSignals:
 def only_noted():
     """While a finished run closes (trackers, process group): SIGTERM and Ctrl-C are noted in the list
     this yields, not raised, so the closing is not cut short (cut, it printed "Exception ignored ...
-    Stopped" or ended 143 with no line, though results.json was written). Main thread only."""
+    Stopped" or ended 143 with no line, though results.json was written). A second one raises
+    StoppedAfterFinish at once: a closing that hangs (a peer gone, a tracker's upload) can still be
+    stopped. Main thread only."""
     noted: list[str] = []
     if threading.current_thread() is not threading.main_thread():
         yield noted
         return
-    previous = {
-        s: signal.signal(s, lambda signum, frame: noted.append(signal.Signals(signum).name))
-        for s in (signal.SIGTERM, signal.SIGINT)
-    }
+
+    def note(signum, frame):
+        noted.append(signal.Signals(signum).name)
+        if len(noted) > 1:
+            raise StoppedAfterFinish(noted[0])
+
+    previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield noted
     finally:

@@ -112,6 +112,7 @@ def test_the_tokens_cache_is_keyed_by_everything_that_decides_the_tokens(tmp_pat
     accelerator = Accelerator(cpu=True)
     bert = AutoTokenizer.from_pretrained(tiny_model_dir)
     cased = AutoTokenizer.from_pretrained(tiny_model_dir, do_lower_case=False)  # same files, other tokens
+    split_special = AutoTokenizer.from_pretrained(tiny_model_dir, split_special_tokens=True)
     llama = decoder_tokenizer()
 
     def train(tokenizer, max_length=32, rows=path):
@@ -126,8 +127,9 @@ def test_the_tokens_cache_is_keyed_by_everything_that_decides_the_tokens(tmp_pat
         train(llama),
         train(bert, 8),
         train(bert, rows=write(tmp_path / "b.jsonl", ROWS[::-1])),
+        train(split_special),
     ]
-    assert len({first._fingerprint, *(o._fingerprint for o in others)}) == 5
+    assert len({first._fingerprint, *(o._fingerprint for o in others)}) == 6
     for other, tokenizer, max_length in zip(others[:3], (cased, llama, bert), (32, 32, 8), strict=True):
         assert other["input_ids"][0] == tokenizer(ROWS[0]["premise"], ROWS[0]["hypothesis"], truncation=True,
                                                   max_length=max_length)["input_ids"]  # fmt: skip
