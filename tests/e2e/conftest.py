@@ -27,8 +27,8 @@ def every_core():
 
 
 def minilm_args(output_dir, *extra: str) -> list[str]:
-    """Pretrained MiniLM on the shared real MNLI rows: MINILM_STEPS steps x 32, every matched row
-    evaluated, a training line every 50 steps."""
+    """Pretrained MiniLM on the shared real MNLI rows: MINILM_STEPS steps x 32, evaluated on the
+    matched rows, a training line every 50 steps."""
     return [
         "--model_name_or_path", str(minilm_dir()),
         "--train_file", str(SHARED_MNLI / "train.jsonl"),
@@ -52,7 +52,8 @@ def minilm_full(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("minilm") / "full"
     with every_core():
-        results = main(minilm_args(out, "--learning_rate", "1e-4"))
+        # 3,000 of the 9,815 matched rows: the accuracy to about ±0.01 (one standard error).
+        results = main(minilm_args(out, "--learning_rate", "1e-4", "--max_eval_samples", "3000"))
     reset_accelerate()
     return out, results
 

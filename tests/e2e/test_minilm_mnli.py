@@ -14,7 +14,7 @@ def test_minilm_learns_mnli_above_chance(minilm_full):
     """200 steps x 32 of full fine-tuning (the `minilm_full` run, shared with test_lora's comparison)."""
     out, results = minilm_full
     assert results["global_step"] == 200
-    assert results["eval_matched_samples"] == 9815
+    assert results["eval_matched_samples"] == 3000  # real validation_matched rows (of 9,815)
     # Chance is ~0.35 (the largest class); 6,400 pairs take MiniLM well past it (0.59 on a Zen 5 VM).
     assert results["eval_matched_accuracy"] > 0.5, results
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
