@@ -41,10 +41,9 @@ from finetune.speed.attention import varlen_position_offset
 from finetune.speed.compile import compile_cache_line, compile_counts
 from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
-from finetune.training.best import best_model_step, load_best_model, stopped_early
+from finetune.training.best import training_outcome, use_best_model
 from finetune.training.calibrate import calibrate_model, check_calibration
 from finetune.training.checkpoint import (
-    BEST_MODEL_DIR,
     TrainState,
     load_checkpoint,
     resolve_resume,
@@ -322,46 +321,6 @@ def execute(run: Run) -> dict:
         if config.push_to_hub:
             print(f"pushed to {push_to_hub(config.output_dir, config.hub_model_id)}")
     return results
-
-
-def use_best_model(run: Run) -> dict:
-    """Collective: with --load_best_model_at_end, the best weights (best_model/) put back into the model
-    for the export, the predictions and the Hub, as Hugging Face Trainer does. Returns the evaluation
-    of the model that stays: the best, or the last one."""
-    config, state, accelerator = run.config, run.state, run.accelerator
-    if not (config.load_best_model_at_end and state.best_evaluation):
-        return state.last_evaluation or {}
-    if state.best_step != state.global_step:
-        if best_model_step(config.output_dir) != state.best_step:  # read by every rank: the same file
-            if accelerator.is_main_process:
-                print(
-                    f"--load_best_model_at_end: {Path(config.output_dir) / BEST_MODEL_DIR} does not hold the "
-                    f"best model (step {state.best_step}; was the checkpoint resumed in another folder?): "
-                    f"the model exported is the last one, from step {state.global_step}"
-                )
-            return state.last_evaluation or {}
-        load_best_model(accelerator, run.model, config.output_dir)
-    if accelerator.is_main_process:
-        print(
-            f"--load_best_model_at_end: exporting{' and predicting with' if run.test_loader else ''} the "
-            f"best model, from step {state.best_step} ({config.metric_for_best_model} "
-            f"{state.best_metric:.4f}); the last step was {state.global_step}"
-        )
-    return state.best_evaluation
-
-
-def training_outcome(run: Run, exported: dict) -> dict:
-    """results.json's account of the evaluations: the best, the last, which one the exported model is,
-    and why training ended."""
-    config, state = run.config, run.state
-    early = stopped_early(config, state)
-    return {
-        "best_evaluation": state.best_evaluation,
-        "last_evaluation": state.last_evaluation,
-        "exported_model_step": exported.get("step", state.global_step),
-        "stopped_early": early,
-        "early_stopping_step": state.global_step if early else None,
-    }
 
 
 def close(run: Run, keep_process_group: bool = False) -> None:

@@ -141,3 +141,43 @@ def _check_fits(model, loaded: dict, folder: Path) -> None:
             f"{folder} does not fit the model being trained (missing {missing[:3]}, unexpected "
             f"{unexpected[:3]}); it is left by another run: rerun with --overwrite_output_dir"
         )
+
+
+def use_best_model(run: Run) -> dict:
+    """Collective: with --load_best_model_at_end, the best weights (best_model/) put back into the model
+    for the export, the predictions and the Hub, as Hugging Face Trainer does. Returns the evaluation
+    of the model that stays: the best, or the last one."""
+    config, state, accelerator = run.config, run.state, run.accelerator
+    if not (config.load_best_model_at_end and state.best_evaluation):
+        return state.last_evaluation or {}
+    if state.best_step != state.global_step:
+        if best_model_step(config.output_dir) != state.best_step:  # read by every rank: the same file
+            if accelerator.is_main_process:
+                print(
+                    f"--load_best_model_at_end: {Path(config.output_dir) / BEST_MODEL_DIR} does not hold the "
+                    f"best model (step {state.best_step}; was the checkpoint resumed in another folder?): "
+                    f"the model exported is the last one, from step {state.global_step}"
+                )
+            return state.last_evaluation or {}
+        load_best_model(accelerator, run.model, config.output_dir)
+    if accelerator.is_main_process:
+        print(
+            f"--load_best_model_at_end: exporting{' and predicting with' if run.test_loader else ''} the "
+            f"best model, from step {state.best_step} ({config.metric_for_best_model} "
+            f"{state.best_metric:.4f}); the last step was {state.global_step}"
+        )
+    return state.best_evaluation
+
+
+def training_outcome(run: Run, exported: dict) -> dict:
+    """results.json's account of the evaluations: the best, the last, which one the exported model is,
+    and why training ended."""
+    config, state = run.config, run.state
+    early = stopped_early(config, state)
+    return {
+        "best_evaluation": state.best_evaluation,
+        "last_evaluation": state.last_evaluation,
+        "exported_model_step": exported.get("step", state.global_step),
+        "stopped_early": early,
+        "early_stopping_step": state.global_step if early else None,
+    }
