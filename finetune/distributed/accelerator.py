@@ -7,7 +7,12 @@ import os
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DDPCommunicationHookType, DistributedDataParallelKwargs, DistributedType
+from accelerate.utils import (
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    parse_flag_from_env,
+)
 
 from finetune.config.train_config import TrainConfig
 from finetune.distributed.preflight import check_gloo_address
@@ -65,7 +70,7 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         dynamo_plugin=dynamo_plugin(config, torch.cuda.is_available()) if config.torch_compile else None,
     )
     check_world_size(launcher_world_size(), accelerator.num_processes)
-    asked_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    asked_fsdp = parse_flag_from_env("ACCELERATE_USE_FSDP")  # set by `accelerate launch`
     if asked_fsdp and accelerator.distributed_type != DistributedType.FSDP and accelerator.is_main_process:
         # Accelerate engages FSDP only on accelerators; on CPU it runs the config as DDP, without a word.
         print(
