@@ -22,6 +22,8 @@ and, when asked for with --extra_runs, ablations of the toolkit:
   buckets        the toolkit with --pad_to_multiple_of 32 (4 batch lengths at --max_length 128)
   graphs         buckets of 32 and --torch_compile_mode reduce-overhead (CUDA graphs; compile time included)
   varlen         the toolkit with --padding_free varlen (packed real tokens, torch's varlen attention)
+  eager          the toolkit with --cuda_graphs false (what its CUDA graphs buy)
+  cuda_graphs    the toolkit with --cuda_graphs true (captured per batch shape, no compile)
   padded_8       the toolkit with --padding_free false --pad_to_multiple_of 8 (the CUDA default until #35)
 
 --decoder tiny (a 2-layer Llama, seconds) or --decoder qwen0.5b (Qwen2.5-0.5B's shapes, for a GPU) trains a
@@ -70,6 +72,8 @@ TOOLKIT_VARIANTS = {
     "buckets": ["--pad_to_multiple_of", "32"],
     "graphs": ["--pad_to_multiple_of", "32", "--torch_compile_mode", "reduce-overhead"],
     "varlen": ["--padding_free", "varlen"],
+    "eager": ["--cuda_graphs", "false"],
+    "cuda_graphs": ["--cuda_graphs", "true"],
     "padded_8": ["--padding_free", "false", "--pad_to_multiple_of", "8"],
 }
 EXTRA_RUNS = tuple(name for name in TOOLKIT_VARIANTS if name != "toolkit")
@@ -304,9 +308,11 @@ LABELS = {
     "malloc_default": "finetune, glibc malloc defaults",
     "lora": "finetune, LoRA",
     "buckets": "finetune, buckets of 32",
-    "graphs": "finetune, CUDA graphs",
+    "graphs": "finetune, reduce-overhead",
     "varlen": "finetune, varlen",
     "padded_8": "finetune, padded to 8",
+    "eager": "finetune, eager",
+    "cuda_graphs": "finetune, --cuda_graphs",
 }
 
 

@@ -22,6 +22,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
@@ -32,9 +33,11 @@ from finetune.data.tasks import GLUE_TASKS  # noqa: E402
 from finetune.model.flops import non_embedding_parameters  # noqa: E402
 from finetune.model.optimizer import build_optimizer  # noqa: E402
 from finetune.speed.attention import use_sync_free_masks, use_varlen_attention  # noqa: E402
+from finetune.speed.cuda_graphs import GraphedSteps  # noqa: E402
 from finetune.training.evaluation import loss_sum  # noqa: E402
 
-# name: (batch, pad_to_multiple_of, varlen, torch.compile mode or None); most telling first.
+# name: (batch, pad_to_multiple_of, varlen, torch.compile mode, "graphs" (the toolkit's --cuda_graphs) or
+# None); most telling first.
 # Eager variants take seconds, compiled ones about a minute and a half each (H200, 2026-11-26): eager first.
 VARIANTS = {
     "b32_padded_8_eager": (32, 8, False, None),  # the CUDA default
@@ -42,6 +45,9 @@ VARIANTS = {
     "b32_buckets_32_eager": (32, 32, False, None),
     "b256_padded_8_eager": (256, 8, False, None),
     "b256_varlen_eager": (256, 32, True, None),
+    "b32_padded_8_graphs": (32, 8, False, "graphs"),  # --cuda_graphs: eager kernels replayed, no compile
+    "b32_buckets_32_graphs": (32, 32, False, "graphs"),
+    "b256_padded_8_graphs": (256, 8, False, "graphs"),
     "b32_buckets_32_reduce_overhead": (32, 32, False, "reduce-overhead"),
     "b256_buckets_32_reduce_overhead": (256, 32, False, "reduce-overhead"),
     "b32_buckets_32_compile_default": (32, 32, False, "default"),
@@ -81,7 +87,7 @@ def main() -> None:
             results["variants"][name] = {"skipped": "out of --budget_s"}
             continue
         batch, multiple, varlen, mode = VARIANTS[name]
-        if mode and device.type == "cpu":
+        if mode and device.type == "cpu":  # graphs: CUDA only
             continue  # inductor on CPU takes minutes and is not what this measures
         steps = args.steps if batch <= 32 else max(20, args.steps * 32 // batch * 2)
         try:
@@ -159,7 +165,13 @@ def measure(model_dir, tokenizer, features, device, batch_size, multiple, varlen
             logits = model(**batch).logits
         return loss_sum(logits, labels, task)
 
-    compiled = torch.compile(forward_loss, mode=mode, dynamic=False) if mode else forward_loss
+    compiling = mode not in (None, "graphs")
+    compiled = torch.compile(forward_loss, mode=mode, dynamic=False) if compiling else forward_loss
+    graphs = None
+    if mode == "graphs":  # as the toolkit runs it: Accelerate's bf16 autocast around forward
+        model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
+        accelerator = SimpleNamespace(backward=lambda loss: loss.backward(), is_main_process=True)
+        graphs = GraphedSteps(accelerator, model, task, batch_size, strict=True)
     order = list(LengthGroupedSampler([len(f["input_ids"]) for f in features], batch_size, seed=0))
     groups = [order[s : s + batch_size] for s in range(0, len(order) - batch_size + 1, batch_size)]
     batches = [collate([features[i] for i in group]) for group in groups]
@@ -173,13 +185,17 @@ def measure(model_dir, tokenizer, features, device, batch_size, multiple, varlen
             torch.compiler.cudagraph_mark_step_begin()
         batch = dict(batch)
         labels = batch.pop("labels")
-        (compiled(batch, labels) / labels.shape[0]).backward()
+        if graphs is not None:
+            graphs.forward_backward(batch, labels, None)
+        else:
+            (compiled(batch, labels) / labels.shape[0]).backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         nonfinite = ~torch.isfinite(norm)
         first_nonfinite.copy_(torch.where(nonfinite & (first_nonfinite == 0), index + 1, first_nonfinite))
         optimizer.found_inf = nonfinite.float()
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if graphs is None:
+            optimizer.zero_grad(set_to_none=True)
 
     # Every shape met (compiled, CUDA graphs recorded) before timing: the longest batches first.
     by_shape = {}

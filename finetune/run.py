@@ -39,6 +39,7 @@ from finetune.output.tracking import MetricsLog, start_trackers, trackers_for, w
 from finetune.output.writing import writing
 from finetune.speed.attention import varlen_position_offset
 from finetune.speed.compile import compile_cache_line, compile_counts
+from finetune.speed.cuda_graphs import GraphedSteps
 from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
 from finetune.training.best import training_outcome, use_best_model
@@ -228,7 +229,16 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         started_s=started_s,
         flops_per_token=flops_per_token(accelerator.unwrap_model(model), config.use_peft),
         given_flags=changed_flags(args),
+        graphs=graphed_steps(args, config, accelerator, model, task),
     )
+
+
+def graphed_steps(args: TrainConfig, config: TrainConfig, accelerator, model, task) -> GraphedSteps | None:
+    """--cuda_graphs: the training micro-batches as CUDA graphs (None: eager); strict when asked for."""
+    if config.cuda_graphs != "true":
+        return None
+    strict = args.cuda_graphs == "true"
+    return GraphedSteps(accelerator, model, task, config.per_device_train_batch_size, strict)
 
 
 def execute(run: Run) -> dict:
@@ -242,6 +252,7 @@ def execute(run: Run) -> dict:
         try:
             compiled_before = compile_counts()  # torch counts per process, never reset
             runtime_s, eval_runtime_s = train(run, stop)
+            run.graphs = None  # their memory pool goes back before the best model is evaluated
         except torch.OutOfMemoryError:
             raise TrainingFailed(
                 f"out of memory at step {state.global_step + 1} with --per_device_train_batch_size "
@@ -360,6 +371,7 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"(warmup {plan.warmup_updates}, {plan.updates_per_epoch}/epoch) "
         f"dropout_kernel={config.dropout_kernel} padding_free={config.padding_free} "
         f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
+        f"cuda_graphs={config.cuda_graphs} "
         f"pad_to_multiple_of={config.pad_to_multiple_of} "
         f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
         f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"

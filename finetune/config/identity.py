@@ -63,6 +63,7 @@ LEFT_OUT = {
     "torch_compile": _SPEED,
     "torch_compile_mode": _SPEED,
     "torch_compile_regional": _SPEED,
+    "cuda_graphs": _SPEED,
     "dataloader_num_workers": _SPEED,
     "full_determinism": "which kernels compute the same function: results equal up to rounding",
     "seeds": "a study of runs: each seed's run has its own identity, with its --seed",

@@ -28,6 +28,8 @@ class Resolved:
     """A number of tokens; 1: each batch as long as its longest row."""
     keep_freed_memory: str
     """true or false (auto: see --keep_freed_memory)."""
+    cuda_graphs: str
+    """true or false (auto: see --cuda_graphs)."""
     per_device_train_batch_size: int
     """The flag's batch, or what --auto_find_batch_size fitted (the global batch stays)."""
     gradient_accumulation_steps: int

@@ -3,6 +3,8 @@ memory and LoRA settings."""
 
 from __future__ import annotations
 
+from accelerate.utils import DistributedType
+
 from finetune.config.train_config import TrainConfig
 from finetune.data.batching import resolve_pad_to_multiple_of
 from finetune.model.backbones import classifies_from_last_token, fit_tokenizer_to_model, prepare_decoder
@@ -10,6 +12,7 @@ from finetune.model.loading import load_model_and_tokenizer
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import refuse_checkpoint_dtype
 from finetune.speed.attention import check_varlen_precision, use_sync_free_masks, use_varlen_attention
+from finetune.speed.cuda_graphs import resolve_cuda_graphs
 from finetune.speed.malloc import keep_freed_memory, resolve_keep_freed_memory
 from finetune.speed.memory import enable_gradient_checkpointing
 from finetune.speed.packed_dropout import pack_dropout_modules, resolve_dropout_kernel, use_packed_dropout
@@ -37,11 +40,16 @@ def build_model(args: TrainConfig, task, accelerator, loading: dict, bf16_native
     if speed["padding_free"] == "true":
         use_padding_free(model)
     speed["pad_to_multiple_of"] = resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda")
+    alone = accelerator.num_processes == 1 and accelerator.distributed_type == DistributedType.NO
+    speed["cuda_graphs"] = resolve_cuda_graphs(args, device_type, alone, accelerator.mixed_precision)
     if speed["padding_free"] == "varlen":
         check_varlen_precision(model, device_type, accelerator.mixed_precision)
         use_varlen_attention(model)
-    elif speed["padding_free"] == "false" and args.pad_to_multiple_of not in ("auto", "1"):
-        use_sync_free_masks(model)  # bucketed as asked (auto stays as measured); see finetune/attention.py
+    elif speed["padding_free"] == "false" and (
+        args.pad_to_multiple_of not in ("auto", "1") or speed["cuda_graphs"] == "true"
+    ):
+        # Bucketed as asked (auto stays as measured), or captured: a graph cannot wait on the device.
+        use_sync_free_masks(model)
     speed["keep_freed_memory"] = resolve_keep_freed_memory(  # "true"/"false"
         args.keep_freed_memory, device_type, accelerator.mixed_precision
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import evaluate as hf_evaluate
@@ -43,12 +44,19 @@ def loss_sum(
     else:
         # Unnormalized (the sum of weight x loss, not divided by the weights): 'balanced' weights
         # average 1 over the training rows, so the loss keeps its scale.
-        weights, device = task.class_weights, logits.device
-        classes = None if weights is None else torch.tensor(weights, dtype=torch.float32, device=device)
+        weights = task.class_weights
+        classes = None if weights is None else _class_weights(tuple(weights), logits.device)
         loss = F.cross_entropy(
             logits.float(), labels, weight=classes, reduction=reduction, label_smoothing=task.label_smoothing
         )
     return loss if weight is None else (loss * weight.to(loss.dtype)).sum()
+
+
+@functools.lru_cache(maxsize=8)
+def _class_weights(weights: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """Copied to the device once per run, not per step (a copy from host memory cannot be captured in a
+    CUDA graph, --cuda_graphs)."""
+    return torch.tensor(weights, dtype=torch.float32, device=device)
 
 
 class EvaluationAbandoned(Exception):

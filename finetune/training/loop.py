@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from accelerate import skip_first_batches
+from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from finetune.config.train_config import TrainConfig
@@ -17,6 +18,7 @@ from finetune.data.tasks import Task
 from finetune.distributed.signals import StopSignals
 from finetune.errors import TrainingFailed, TrainingInterrupted
 from finetune.output.tracking import MetricsLog
+from finetune.speed.cuda_graphs import GraphedSteps
 from finetune.training.best import _evaluate_and_keep_best, stopped_early
 from finetune.training.checkpoint import TrainState, complete_checkpoints, save_checkpoint
 from finetune.training.evaluation import EvaluationAbandoned, load_metric, loss_sum
@@ -55,6 +57,8 @@ class Run:
     That step was skipped on the device; the run fails when the flag is next read (`_raise_if_diverged`)."""
     meter: _Meter | None = None
     """Set by train(): the open logging window and this segment's clock; a checkpoint keeps both."""
+    graphs: GraphedSteps | None = None
+    """--cuda_graphs: the micro-batches' forward and backward, replayed per shape (None: eager)."""
     on_evaluation: Callable[[int, dict], bool] | None = None
     """Set by a caller's `build` hook (a sweep's trial, to prune): called on every rank with (step,
     evaluation) after each evaluation during training; True stops training there, as early stopping
@@ -105,10 +109,7 @@ def train(run: Run, stop: StopSignals):
                 labels = batch.pop("labels")
                 weight = batch.pop("weight", None)  # --window_loss_weighting document: 1 / the doc's windows
                 with accelerator.accumulate(model):  # no gradient all-reduce until the window's last one
-                    summed = loss_sum(model(**batch).logits, labels, run.task, weight)
-                    # Scaled as the mean over a full micro-batch; Accelerate divides by the accumulation
-                    # steps and DDP averages over ranks, so a full window yields the mean over its pairs.
-                    accelerator.backward(summed / config.per_device_train_batch_size)
+                    summed = _forward_backward(run, batch, labels, weight)
                 window_samples += labels.shape[0]
                 weights = None if weight is None else weight.sum(dtype=torch.float64)
                 if weights is not None:  # on the device
@@ -157,6 +158,18 @@ def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
     return stopped_early(config, state)
 
 
+def _forward_backward(run: Run, batch: dict, labels: torch.Tensor, weight) -> torch.Tensor:
+    """One micro-batch: its summed loss, its gradients accumulated; replayed as a CUDA graph (--cuda_graphs)
+    or eager. Collective under DDP: backward all-reduces on the window's last micro-batch."""
+    if run.graphs is not None:
+        return run.graphs.forward_backward(batch, labels, weight)
+    summed = loss_sum(run.model(**batch).logits, labels, run.task, weight)
+    # Scaled as the mean over a full micro-batch; Accelerate divides by the accumulation steps and DDP
+    # averages over ranks, so a full window yields the mean over its pairs.
+    run.accelerator.backward(summed / run.config.per_device_train_batch_size)
+    return summed
+
+
 def _optimizer_step(run: Run, window_samples: int, full_window: int, window_weight=None) -> torch.Tensor:
     """Collective: one update from the accumulated gradients; returns their norm, on the device.
 
@@ -168,7 +181,7 @@ def _optimizer_step(run: Run, window_samples: int, full_window: int, window_weig
     if accelerator.gradient_state.end_of_dataloader or window_weight is not None:  # every rank at once
         _average_over_real_window(accelerator, model, window_samples, full_window, window_weight)
     # With clipping off the norm is still measured (max inf): it is the NaN guard.
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf)
+    grad_norm = whole_norm(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf))
     nonfinite = ~torch.isfinite(grad_norm)
     first = run.first_nonfinite_step
     first.copy_(torch.where(nonfinite & (first == 0), run.state.global_step + 1, first))
@@ -178,8 +191,16 @@ def _optimizer_step(run: Run, window_samples: int, full_window: int, window_weig
         getattr(run.optimizer, "optimizer", run.optimizer).found_inf = nonfinite.float()
     run.optimizer.step()
     run.scheduler.step()
-    run.optimizer.zero_grad(set_to_none=True)
+    if run.graphs is None:  # the graphs zero the fixed gradients they write
+        run.optimizer.zero_grad(set_to_none=True)
     return grad_norm.detach()
+
+
+def whole_norm(grad_norm: torch.Tensor) -> torch.Tensor:
+    """Collective under FSDP2: its gradient norm comes back as a DTensor, which the NaN guard's plain
+    tensors cannot mix with; `full_tensor()` gives every rank the norm over all shards (an all-reduce on
+    the device, no host wait). Any other norm is returned as it is."""
+    return grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
 
 
 def _raise_if_diverged(run: Run) -> None:
