@@ -142,7 +142,9 @@ class GraphedSteps:
 def record_graph(step, pool, stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """`step()` captured, not run, as a CUDA graph; its output tensor, which every replay overwrites."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream):
+    # thread_local: a DataLoader's pin-memory thread (--dataloader_num_workers > 0) allocating pinned host
+    # memory mid-capture would otherwise break the capture and then its own next batch (torch's "global").
+    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
         output = step()
     return graph, output
 
