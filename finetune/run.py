@@ -252,7 +252,9 @@ def execute(run: Run) -> dict:
         try:
             compiled_before = compile_counts()  # torch counts per process, never reset
             runtime_s, eval_runtime_s = train(run, stop)
-            run.graphs = None  # their memory pool goes back before the best model is evaluated
+            if run.graphs is not None:  # their pool and fixed gradients go before the best model is evaluated
+                run.graphs = None
+                run.optimizer.zero_grad(set_to_none=True)
         except torch.OutOfMemoryError:
             raise TrainingFailed(
                 f"out of memory at step {state.global_step + 1} with --per_device_train_batch_size "

@@ -55,8 +55,9 @@ class SystemArgs:
     compilation): shorter compiles, graph breaks between layers."""
     cuda_graphs: AutoSwitch = "auto"
     """Replay each batch shape's forward and backward as a CUDA graph, captured at its first batch: one launch
-    instead of one per kernel, no compile. auto: on for one CUDA process without accumulation, compile,
-    padding-free layers or gradient checkpointing; true refuses where it cannot be on."""
+    instead of one per kernel, no compile. auto: on for one CUDA process in bf16 or fp32 without accumulation,
+    compile, padding-free layers or gradient checkpointing (a model whose forward waits for the device trains
+    eagerly, with a note); true refuses where it cannot be on."""
     full_determinism: bool = False
     """Deterministic kernels only (HF Trainer's flag: transformers' enable_full_determinism; slower). On CUDA
     two runs of the same flags otherwise differ in the last bits, so a resumed run cannot match an unbroken

@@ -3,7 +3,7 @@ memory and LoRA settings."""
 
 from __future__ import annotations
 
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, DynamoBackend
 
 from finetune.config.train_config import TrainConfig
 from finetune.data.batching import resolve_pad_to_multiple_of
@@ -41,7 +41,10 @@ def build_model(args: TrainConfig, task, accelerator, loading: dict, bf16_native
         use_padding_free(model)
     speed["pad_to_multiple_of"] = resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda")
     alone = accelerator.num_processes == 1 and accelerator.distributed_type == DistributedType.NO
-    speed["cuda_graphs"] = resolve_cuda_graphs(args, device_type, alone, accelerator.mixed_precision)
+    compiled = accelerator.state.dynamo_plugin.backend != DynamoBackend.NO  # the flag or an accelerate config
+    speed["cuda_graphs"] = resolve_cuda_graphs(
+        args, device_type, alone, accelerator.mixed_precision, compiled, speed["padding_free"]
+    )
     if speed["padding_free"] == "varlen":
         check_varlen_precision(model, device_type, accelerator.mixed_precision)
         use_varlen_attention(model)

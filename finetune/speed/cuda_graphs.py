@@ -1,16 +1,23 @@
 """--cuda_graphs: each micro-batch shape's forward, loss and backward captured once as a CUDA graph and
 replayed for every later batch of that shape.
 
-Why: on a GPU a BERT-base step at batch 32 is bound by Python launching its ~1,500 kernels one by one
+Why: on a GPU a BERT-base step at batch 32 is bound by Python launching kernels one by one
 (docs/benchmarks.md); a replay launches them all in one call. Unlike --torch_compile_mode reduce-overhead,
 nothing is compiled: a new shape costs one eager forward and backward (the warm-up) and the capture.
 
 What a graph holds: zeroing the gradients, forward, loss, backward. What stays eager, a few launches: the
 last window's averaging, clipping, the NaN guard, the fused AdamW step, the schedule. The gradients live in
 fixed tensors that every graph zeroes and accumulates into, so the optimizer reads one set whatever the
-shape; eager zero_grad is skipped. Every graph draws on one memory pool: one graph runs at a time, its
-inputs, the weights and the gradients live outside the pool, and its output (the summed loss) is read
-before the next replay.
+shape; eager zero_grad is skipped. Parameters the first warm-up leaves without a gradient keep none, as in
+eager steps (fused AdamW skips them). Every graph draws on one memory pool, kept through the run's
+evaluations: one graph runs at a time, its inputs, the weights and the gradients live outside the pool,
+and its output (the summed loss) is read before the next replay.
+
+What cannot be captured is found before any capture begins: the warm-up runs with torch's sync debug mode
+raising at the first wait for the device (a data-dependent shape, `.item()`), and `auto` then trains
+eagerly with a note. A capture that fails after it began fails the run: CUDA's generator and allocator
+are not left in a state to go on from. Python-side decisions (a random layer drop drawn on the CPU) are
+frozen at capture; none of the measured encoders make one.
 
 Dropout: replays advance CUDA's random offset as eager steps would, and the warm-up puts back the random
 state it drew from, so a run resumed from a checkpoint draws the same masks.
@@ -24,16 +31,19 @@ import torch
 
 from finetune.config.train_config import TrainConfig
 from finetune.errors import ConfigError, TrainingFailed
-from finetune.training.evaluation import loss_sum
+from finetune.training.evaluation import class_weights_tensor, loss_sum
 
 MOST_GRAPHS = 32
 """Shapes captured at most; later new shapes run eagerly (bucketed batches meet a handful)."""
 
 
-def resolve_cuda_graphs(args: TrainConfig, device_type: str, alone: bool, mixed_precision: str) -> str:
+def resolve_cuda_graphs(
+    args: TrainConfig, device_type: str, alone: bool, mixed_precision: str, compiled: bool, padding_free: str
+) -> str:
     """--cuda_graphs as "true" or "false". auto: on where a graph replays the whole micro-batch (one
-    CUDA process without FSDP or DeepSpeed (`alone`), no accumulation, bucketed fixed shapes, eager
-    model); `true` where that is not so is refused, naming what stands in the way."""
+    CUDA process without FSDP or DeepSpeed (`alone`), no accumulation, bucketed fixed shapes, a model
+    not `compiled` by the flag or the accelerate config); `true` where that is not so is refused, naming
+    what stands in the way. `padding_free`: the resolved choice."""
     if args.cuda_graphs == "false" or not args.do_train:
         return "false"
     blockers = [
@@ -48,8 +58,12 @@ def resolve_cuda_graphs(args: TrainConfig, device_type: str, alone: bool, mixed_
             "no gradient accumulation",
             "drop --gradient_accumulation_steps and --auto_find_batch_size, or --cuda_graphs",
         ),  # fmt: skip
-        (args.torch_compile, "an uncompiled model", "drop --torch_compile (reduce-overhead has graphs)"),
-        (args.padding_free in ("true", "varlen"), "padded batches", "use --padding_free false"),
+        (
+            args.torch_compile or compiled,
+            "an uncompiled model",
+            "drop --torch_compile or the accelerate config's dynamo_config (reduce-overhead has graphs)",
+        ),  # fmt: skip
+        (padding_free in ("true", "varlen"), "padded batches", "use --padding_free false"),
         (args.pad_to_multiple_of == "1", "bucketed lengths", "use --pad_to_multiple_of 8 or 32"),
         (args.gradient_checkpointing, "no gradient checkpointing", "drop --gradient_checkpointing"),
         (mixed_precision == "fp16", "bf16 or fp32 (fp16's loss scaler is not captured)", "use bf16"),
@@ -71,40 +85,53 @@ class GraphedSteps:
         self.strict = strict
         """--cuda_graphs true: a shape that cannot be captured fails the run (auto: eager from then on)."""
         self.graphs: dict[tuple, tuple[dict, torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.grads: list[torch.Tensor] | None = None
-        trainable = next(p for p in model.parameters() if p.requires_grad)
-        self.first_grad_of = lambda: trainable.grad
+        """The fixed gradients every graph writes; set by the first warm-up, with `written` (their
+        parameters) and `unwritten` (the trainable ones it gave no gradient)."""
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream()
         self.eager_only = False
+        if task.class_weights is not None:  # now: in the warm-up, the copy would count as a wait
+            class_weights_tensor(task.class_weights, accelerator.device)
+
+    @property
+    def zeroes_gradients(self) -> bool:
+        """Whether the graphs zero the gradients (so the loop must not replace them): False once `auto`
+        fell back to eager steps, which the loop zeroes as it does without graphs."""
+        return not self.eager_only
 
     def forward_backward(self, batch: dict, labels: torch.Tensor, weight: torch.Tensor | None):
         """The micro-batch's summed loss (valid until the next call), its gradients in the parameters'
         `.grad` (this micro-batch's alone: no accumulation)."""
         inputs = {**batch, "labels": labels} | ({} if weight is None else {"weight": weight})
-        if self.grads is None:
-            self.grads = _fixed_gradients(self.model)
-        elif self.grads[0] is not self.first_grad_of():
+        if self.eager_only:
+            return self._step(inputs, zero=False)
+        if self.grads is not None and self.grads[0] is not self.written[0].grad:
             # The graphs write into the tensors they captured: after an eager zero_grad(set_to_none=True)
             # the optimizer would read new ones that no replay writes (one check, not one per tensor).
             raise RuntimeError("--cuda_graphs: the parameters' gradients were replaced after capture")
         key = tuple((name, tuple(t.shape), t.dtype) for name, t in inputs.items())
         entry = self.graphs.get(key)
-        if entry is None and (self.eager_only or len(self.graphs) >= MOST_GRAPHS):
+        if entry is None and len(self.graphs) >= MOST_GRAPHS:
             return self._step(inputs)
         if entry is None:
             entry = self._capture(key, inputs)
-            if entry is None:  # auto, and this shape could not be captured: eager from now on
-                return self._step(inputs)
+            if entry is None:  # auto, and this shape cannot be captured: eager from now on
+                return self._step(inputs, zero=False)
         static, graph, summed = entry
         for name, tensor in inputs.items():
             static[name].copy_(tensor, non_blocking=True)
         graph.replay()
         return summed
 
-    def _step(self, inputs: dict) -> torch.Tensor:
-        """What a graph holds, run eagerly: zero the fixed gradients, forward, loss, backward."""
-        torch._foreach_zero_(self.grads)
+    def _step(self, inputs: dict, zero: bool = True) -> torch.Tensor:
+        """What a graph holds, run eagerly: zero the fixed gradients (parameters without one keep none,
+        as after eager's zero_grad), forward, loss, backward."""
+        if zero and self.grads is not None:
+            torch._foreach_zero_(self.grads)
+            for parameter in self.unwritten:  # nothing to capture: their gradients stay None
+                parameter.grad = None
         batch = dict(inputs)
         labels, weight = batch.pop("labels"), batch.pop("weight", None)
         summed = loss_sum(self.model(**batch).logits, labels, self.task, weight)
@@ -113,30 +140,71 @@ class GraphedSteps:
 
     def _capture(self, key: tuple, inputs: dict):
         """Warm up this shape eagerly on the capture stream (lazy initialisation must not happen inside a
-        capture), put the random state back, and capture. Returns the entry, or None where auto gives up."""
+        capture), with every wait for the device raising; put the random state back; capture. Returns the
+        entry, or None where auto gives up before capturing."""
         static = {name: tensor.clone() for name, tensor in inputs.items()}  # outside the pool
         random_state = torch.cuda.get_rng_state()
         try:
-            self.stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self.stream):
-                self._step(static)
-            torch.cuda.current_stream().wait_stream(self.stream)
+            self._warm_up(static)
+        except torch.OutOfMemoryError:
+            raise  # the run's own out-of-memory advice, not "cannot be captured"
+        except RuntimeError as error:  # waits for the device, or a parameter's first gradient now
             torch.cuda.set_rng_state(random_state)
+            return self._not_capturable(key, error)
+        torch.cuda.set_rng_state(random_state)
+        current = torch.cuda.current_stream()
+        try:
             graph, summed = record_graph(functools.partial(self._step, static), self.pool, self.stream)
-        except RuntimeError as error:  # an operation that cannot be captured (a host read, a pageable copy)
-            torch.cuda.set_rng_state(random_state)
-            reason = str(error).splitlines()[0][:200]
-            if self.strict:
-                raise TrainingFailed(
-                    f"--cuda_graphs true: a batch of shape {dict((n, s) for n, s, _ in key)} could not be "
-                    f"captured ({reason}); use --cuda_graphs false"
-                ) from error
-            self.eager_only = True
-            if self.accelerator.is_main_process:  # rank 0 only prints; nothing collective here
-                print(f"note: --cuda_graphs auto: capture failed ({reason}); training continues eagerly")
-            return None
+        except RuntimeError as error:
+            raise TrainingFailed(
+                f"--cuda_graphs: capturing a batch of shape {_shapes(key)} failed ({_first_line(error)}); "
+                "use --cuda_graphs false"
+            ) from error
+        finally:
+            torch.cuda.set_stream(current)  # a failed capture leaves its stream current
         self.graphs[key] = (static, graph, summed)
         return self.graphs[key]
+
+    def _warm_up(self, static: dict) -> None:
+        """This micro-batch eagerly on the capture stream, twice: as it comes, then with every wait for the
+        device raising (two eager steps per shape). The first shape's decides the fixed gradients: those of
+        the parameters it gave one (zeros from then on). Raises RuntimeError at a wait for the device or
+        where a parameter gets its first gradient in a later shape (no graph could zero it)."""
+        fresh = self.grads is None
+        if fresh:
+            for parameter in self.trainable:
+                parameter.grad = None
+        self.stream.wait_stream(torch.cuda.current_stream())
+        previous = torch.cuda.get_sync_debug_mode()
+        try:
+            with torch.cuda.stream(self.stream):
+                self._step(static)  # lazy initialisation (kernels, handles) may wait for the device once
+                torch.cuda.set_sync_debug_mode("error")
+                self._step(static)  # what a replay would hold: no wait for the device allowed
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+            torch.cuda.current_stream().wait_stream(self.stream)
+        if fresh:
+            self.written = [p for p in self.trainable if p.grad is not None]
+            self.unwritten = [p for p in self.trainable if p.grad is None]
+            self.grads = [p.grad for p in self.written]
+        elif any(p.grad is not None for p in self.unwritten):
+            raise RuntimeError("a parameter gets its first gradient in this batch shape")
+
+    def _not_capturable(self, key: tuple, error: RuntimeError) -> None:
+        """--cuda_graphs true: the run fails naming the shape. auto: a note (rank 0 prints; nothing
+        collective here), and eager steps from now on."""
+        reason = _first_line(error)
+        if self.strict:
+            raise TrainingFailed(
+                f"--cuda_graphs true: a batch of shape {_shapes(key)} cannot be captured ({reason}); "
+                "use --cuda_graphs false"
+            ) from error
+        self.eager_only = True
+        for parameter in self.trainable:  # the warm-up's gradients go; the loop zeroes them from now on
+            parameter.grad = None
+        if self.accelerator.is_main_process:
+            print(f"note: --cuda_graphs auto: cannot capture this model ({reason}); training goes on eagerly")
 
 
 def record_graph(step, pool, stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -149,12 +217,9 @@ def record_graph(step, pool, stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor
     return graph, output
 
 
-def _fixed_gradients(model) -> list[torch.Tensor]:
-    """Every trainable parameter's gradient, made zeros if missing: the tensors every graph writes."""
-    grads = []
-    for parameter in model.parameters():
-        if parameter.requires_grad:
-            if parameter.grad is None:
-                parameter.grad = torch.zeros_like(parameter)
-            grads.append(parameter.grad)
-    return grads
+def _shapes(key: tuple) -> dict:
+    return {name: shape for name, shape, _ in key}
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).splitlines()[0][:200] if str(error) else type(error).__name__

@@ -45,17 +45,17 @@ def loss_sum(
         # Unnormalized (the sum of weight x loss, not divided by the weights): 'balanced' weights
         # average 1 over the training rows, so the loss keeps its scale.
         weights = task.class_weights
-        classes = None if weights is None else _class_weights(tuple(weights), logits.device)
+        classes = None if weights is None else class_weights_tensor(weights, logits.device)
         loss = F.cross_entropy(
             logits.float(), labels, weight=classes, reduction=reduction, label_smoothing=task.label_smoothing
         )
     return loss if weight is None else (loss * weight.to(loss.dtype)).sum()
 
 
-@functools.lru_cache(maxsize=8)
-def _class_weights(weights: tuple[float, ...], device: torch.device) -> torch.Tensor:
-    """Copied to the device once per run, not per step (a copy from host memory cannot be captured in a
-    CUDA graph, --cuda_graphs)."""
+@functools.cache  # never evicted: a CUDA graph reads the tensor's memory without holding it
+def class_weights_tensor(weights: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """--class_weights on the device, copied once per process, not per step: a copy from host memory
+    waits for the device, and cannot be captured in a CUDA graph (--cuda_graphs)."""
     return torch.tensor(weights, dtype=torch.float32, device=device)
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 from accelerate import skip_first_batches
-from torch.distributed.tensor import DTensor
 from tqdm.auto import tqdm
 
 from finetune.config.train_config import TrainConfig
@@ -191,7 +190,7 @@ def _optimizer_step(run: Run, window_samples: int, full_window: int, window_weig
         getattr(run.optimizer, "optimizer", run.optimizer).found_inf = nonfinite.float()
     run.optimizer.step()
     run.scheduler.step()
-    if run.graphs is None:  # the graphs zero the fixed gradients they write
+    if run.graphs is None or not run.graphs.zeroes_gradients:  # graphs zero the fixed ones they write
         run.optimizer.zero_grad(set_to_none=True)
     return grad_norm.detach()
 
@@ -200,7 +199,8 @@ def whole_norm(grad_norm: torch.Tensor) -> torch.Tensor:
     """Collective under FSDP2: its gradient norm comes back as a DTensor, which the NaN guard's plain
     tensors cannot mix with; `full_tensor()` gives every rank the norm over all shards (an all-reduce on
     the device, no host wait). Any other norm is returned as it is."""
-    return grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
+    full_tensor = getattr(grad_norm, "full_tensor", None)  # DTensor's; no import of torch.distributed
+    return grad_norm if full_tensor is None else full_tensor()
 
 
 def _raise_if_diverged(run: Run) -> None:

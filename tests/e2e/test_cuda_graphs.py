@@ -1,8 +1,9 @@
 """--cuda_graphs, the loop's side, on CPU: capturing CUDA graphs needs a GPU (docs/benchmarks.md has the
 H100 run: bitwise the eager weights, resume bitwise), so CUDA's two calls are stood in for. A capture
 records the step and runs nothing; a replay runs the recorded step again on the same tensors and
-writes its output in place. Everything of ours runs: the shapes' graphs, the inputs copied into them,
-the fixed gradients, the skipped zero_grad, the eager fallbacks."""
+writes its output in place; torch's sync debug mode is a setting a test's model can read. Everything of
+ours runs: the shapes' graphs, the inputs copied into them, the fixed gradients, the skipped zero_grad,
+the eager fallbacks, the failures."""
 
 import contextlib
 
@@ -13,6 +14,7 @@ import finetune.model.build
 import finetune.speed.cuda_graphs as cuda_graphs
 from finetune.errors import TrainingFailed
 from finetune.mnli import main
+from finetune.run import graphed_steps, setup
 from tests.helpers import assert_same_weights, tiny_args, weights
 
 
@@ -45,8 +47,8 @@ def graphs_on_cpu(monkeypatch):
         captured.append(graph)
         return graph, graph.output
 
-    def resolve(args, device_type, alone, mixed_precision):
-        return cuda_graphs.resolve_cuda_graphs(args, "cuda", alone, "bf16")
+    def resolve(args, device_type, alone, mixed_precision, compiled, padding_free):
+        return cuda_graphs.resolve_cuda_graphs(args, "cuda", alone, "bf16", compiled, padding_free)
 
     monkeypatch.setattr(finetune.model.build, "resolve_cuda_graphs", resolve)
     monkeypatch.setattr(cuda_graphs, "record_graph", record)
@@ -56,7 +58,26 @@ def graphs_on_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "get_rng_state", torch.get_rng_state)
     monkeypatch.setattr(torch.cuda, "set_rng_state", torch.set_rng_state)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: SYNC_DEBUG["mode"])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: SYNC_DEBUG.update(mode=mode))
     return captured
+
+
+SYNC_DEBUG = {"mode": "default"}
+
+
+def waits_for_the_device(args, identity):
+    """A run whose model's forward asks the device for a value (as `.item()` does): under the sync
+    debug mode "error", torch raises there."""
+
+    def forward(module, inputs):
+        if SYNC_DEBUG["mode"] == "error":
+            raise RuntimeError("called a synchronizing CUDA operation")
+
+    run = setup(args, identity)
+    run.model.register_forward_pre_hook(forward)
+    return run
 
 
 # Lengths bucketed to 16 at --max_length 64, and a short last batch: several shapes per epoch.
@@ -79,20 +100,69 @@ def test_replayed_micro_batches_train_the_eager_weights(
     assert_same_weights(weights(tmp_path), eager)
 
 
-def test_shapes_past_the_limit_and_after_a_failed_capture_run_eagerly(
-    tiny_model_dir, nli_files, tmp_path, eager, graphs_on_cpu, monkeypatch, capsys
+def test_shapes_past_the_limit_run_eagerly(
+    tiny_model_dir, nli_files, tmp_path, eager, graphs_on_cpu, monkeypatch
 ):
     monkeypatch.setattr(cuda_graphs, "MOST_GRAPHS", 1)
-    main(tiny_args(tiny_model_dir, nli_files, tmp_path / "limit", *FLAGS))
+    main(tiny_args(tiny_model_dir, nli_files, tmp_path, *FLAGS))
     assert len(graphs_on_cpu) == 1
-    assert_same_weights(weights(tmp_path / "limit"), eager)
+    assert_same_weights(weights(tmp_path), eager)
+
+
+def test_a_model_that_waits_for_the_device_trains_eagerly_under_auto_and_fails_under_true(
+    tiny_model_dir, nli_files, tmp_path, eager, graphs_on_cpu, capsys
+):
+    main(tiny_args(tiny_model_dir, nli_files, tmp_path / "auto", *FLAGS), build=waits_for_the_device)
+    assert (
+        "note: --cuda_graphs auto: cannot capture this model (called a synchronizing"
+        in capsys.readouterr().out
+    )
+    assert not graphs_on_cpu and SYNC_DEBUG["mode"] == "default"
+    assert_same_weights(weights(tmp_path / "auto"), eager)
+    strict = tiny_args(tiny_model_dir, nli_files, tmp_path / "true", *FLAGS, "--cuda_graphs", "true")
+    with pytest.raises(TrainingFailed, match="cannot be captured .*; use --cuda_graphs false$"):
+        main(strict, build=waits_for_the_device)
+
+
+def test_a_capture_that_fails_once_begun_fails_the_run(
+    tiny_model_dir, nli_files, tmp_path, graphs_on_cpu, monkeypatch
+):
+    """CUDA's generator and allocator are not left in a state to train on from: no fallback."""
 
     def cannot(step, pool, stream):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(cuda_graphs, "record_graph", cannot)
-    main(tiny_args(tiny_model_dir, nli_files, tmp_path / "auto", *FLAGS))  # auto: a note, then eager
-    assert "note: --cuda_graphs auto: capture failed (operation not permitted" in capsys.readouterr().out
-    assert_same_weights(weights(tmp_path / "auto"), eager)
-    with pytest.raises(TrainingFailed, match="use --cuda_graphs false$"):
-        main(tiny_args(tiny_model_dir, nli_files, tmp_path / "true", *FLAGS, "--cuda_graphs", "true"))
+    with pytest.raises(
+        TrainingFailed, match="capturing a batch of shape .* failed .*; use --cuda_graphs false"
+    ):
+        main(tiny_args(tiny_model_dir, nli_files, tmp_path, *FLAGS))
+
+
+def with_an_unused_parameter(args, identity):
+    """The run's model holds a trainable, weight-decayed parameter its forward never uses (as XLNet's
+    mask_emb for classification): eagerly it never has a gradient, so fused AdamW leaves it alone."""
+    run = setup(args, identity)
+    unused = torch.nn.Parameter(torch.ones(4))
+    run.model.register_parameter("unused", unused)
+    decayed = next(group for group in run.optimizer.param_groups if group["weight_decay"] > 0)
+    decayed["params"].append(unused)
+    run.graphs = graphed_steps(args, run.config, run.accelerator, run.model, run.task)  # sees it too
+    return run
+
+
+def test_class_weights_and_a_parameter_without_gradient_replay_as_eagerly(
+    tiny_model_dir, nli_files, tmp_path, graphs_on_cpu
+):
+    """Class weights reach the device before the warm-up (its copy would count as a wait); a parameter
+    no forward uses keeps no gradient, so weight decay does not touch it."""
+    flags = (*FLAGS, "--class_weights", "balanced")
+    eager_flags = (*flags, "--cuda_graphs", "false")
+    main(
+        tiny_args(tiny_model_dir, nli_files, tmp_path / "eager", *eager_flags), build=with_an_unused_parameter
+    )
+    main(tiny_args(tiny_model_dir, nli_files, tmp_path / "graphs", *flags), build=with_an_unused_parameter)
+    assert graphs_on_cpu
+    graphed = weights(tmp_path / "graphs")
+    assert torch.equal(graphed.pop("unused"), torch.ones(4))
+    assert_same_weights(graphed, {k: v for k, v in weights(tmp_path / "eager").items() if k != "unused"})

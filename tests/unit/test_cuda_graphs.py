@@ -10,11 +10,17 @@ import torch.distributed as dist
 from finetune.config.parser import parse_config
 from finetune.data.tasks import GLUE_TASKS
 from finetune.speed.cuda_graphs import resolve_cuda_graphs
-from finetune.training.evaluation import _class_weights, loss_sum
+from finetune.training.evaluation import class_weights_tensor, loss_sum
 from finetune.training.loop import whole_norm
 from tests.helpers import refused
 
-ON_ONE_GPU = {"device_type": "cuda", "alone": True, "mixed_precision": "bf16"}
+ON_ONE_GPU = {
+    "device_type": "cuda",
+    "alone": True,
+    "mixed_precision": "bf16",
+    "compiled": False,
+    "padding_free": "false",
+}
 
 
 def test_auto_is_on_for_one_gpu_and_off_without_cuda():
@@ -33,7 +39,8 @@ def test_auto_is_on_for_one_gpu_and_off_without_cuda():
         (["--gradient_accumulation_steps", "2"], {}, "--gradient_accumulation_steps"),
         (["--auto_find_batch_size"], {}, "--auto_find_batch_size"),
         (["--torch_compile"], {}, "--torch_compile"),
-        (["--padding_free", "varlen"], {}, "--padding_free false"),
+        (["--padding_free", "varlen"], {"padding_free": "varlen"}, "--padding_free false"),
+        ([], {"compiled": True}, "dynamo_config"),
         (["--pad_to_multiple_of", "1"], {}, "--pad_to_multiple_of 8"),
         (["--gradient_checkpointing"], {}, "--gradient_checkpointing"),
         ([], {"alone": False}, "several processes"),
@@ -50,11 +57,11 @@ def test_what_a_graph_cannot_replay_turns_auto_off_and_refuses_true(flags, facts
 def test_class_weights_reach_the_device_once_not_per_step():
     """A copy from host memory in every loss could not be captured in a graph."""
     task = dataclasses.replace(GLUE_TASKS["mnli"], class_weights=(1.0, 2.0, 0.5))
-    before = _class_weights.cache_info().misses
+    before = class_weights_tensor.cache_info().misses
     logits, labels = torch.randn(4, 3), torch.tensor([0, 1, 2, 1])
     first, second = loss_sum(logits, labels, task), loss_sum(logits, labels, task)
     assert torch.equal(first, second)
-    assert _class_weights.cache_info().misses == before + 1
+    assert class_weights_tensor.cache_info().misses == before + 1
 
 
 def test_fsdp2s_gradient_norm_is_usable_by_the_nan_guard(tmp_path):
