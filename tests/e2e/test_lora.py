@@ -245,7 +245,7 @@ def test_lora_with_the_fsdp_config_on_cpu_trains_resumes_and_exports(tiny_model_
 @pytest.mark.skipif(not SHARED_MNLI.is_dir(), reason="needs ../shared/data/mnli beside the checkout")
 def test_minilm_lora_learns_mnli_with_a_fraction_of_the_parameters(minilm_full, tmp_path, capsys):
     """Pretrained MiniLM on real MNLI rows, LoRA (50 steps x 32 at 2e-3, evaluated on 1,000 rows)
-    beside full fine-tuning (the session's `minilm_full` run: 200 steps, 3,000 rows).
+    beside full fine-tuning (the session's `minilm_full` run: 150 steps, 3,000 rows).
     Prints the figures (docs/benchmarks.md quotes them); asserts only what must hold: LoRA learns past
     chance with under 1/10 of the parameters trainable."""
     full = minilm_full[1]
