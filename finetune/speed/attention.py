@@ -29,7 +29,8 @@ VARLEN_ATTENTION = "finetune_varlen"
 def use_sync_free_masks(model: nn.Module) -> None:
     """The model's attention, with its mask always built: transformers' SDPA mask otherwise asks
     `attention_mask.all()` every forward (a wait for the GPU) to drop the mask of a batch without
-    padding. Bucketed batches nearly always hold padding, so the answer is almost always no."""
+    padding (for a decoder: to use `is_causal` instead). Bucketed batches nearly always hold padding,
+    so the answer is almost always no."""
     implementation = model.config._attn_implementation
     if implementation not in ALL_MASK_ATTENTION_FUNCTIONS or implementation not in ALL_ATTENTION_FUNCTIONS:
         return  # eager (not a registered function) or no transformers mask function: nothing to change
@@ -43,7 +44,9 @@ def use_sync_free_masks(model: nn.Module) -> None:
 
 
 def _mask_always(make_mask, *args, **kwargs):
+    # Both skips ask the device whether the batch holds padding (encoders' bidirectional, decoders' causal).
     kwargs["allow_is_bidirectional_skip"] = False
+    kwargs["allow_is_causal_skip"] = False
     return make_mask(*args, **kwargs)
 
 

@@ -75,6 +75,11 @@ def resolve_cuda_graphs(
     return "false" if blocked else "true"
 
 
+class NotCapturable(RuntimeError):
+    """This micro-batch cannot be replayed from a graph: it waits for the device, or its shape gives
+    gradients to other parameters than the first shape's."""
+
+
 class GraphedSteps:
     """The training micro-batches of one run as CUDA graphs, one per shape (see the module's docstring)."""
 
@@ -93,7 +98,8 @@ class GraphedSteps:
         self.stream = torch.cuda.Stream()
         self.eager_only = False
         if task.class_weights is not None:  # now: in the warm-up, the copy would count as a wait
-            class_weights_tensor(task.class_weights, accelerator.device)
+            # The parameters' device (cuda:0), which the logits carry: Accelerate's is plain "cuda".
+            class_weights_tensor(task.class_weights, self.trainable[0].device)
 
     @property
     def zeroes_gradients(self) -> bool:
@@ -122,6 +128,8 @@ class GraphedSteps:
         static, graph, summed = entry
         for name, tensor in inputs.items():
             static[name].copy_(tensor, non_blocking=True)
+        for parameter in self.unwritten:  # an eager step past MOST_GRAPHS may have given one a gradient
+            parameter.grad = None
         graph.replay()
         return summed
 
@@ -140,21 +148,21 @@ class GraphedSteps:
 
     def _capture(self, key: tuple, inputs: dict):
         """Warm up this shape eagerly on the capture stream (lazy initialisation must not happen inside a
-        capture), with every wait for the device raising; put the random state back; capture. Returns the
-        entry, or None where auto gives up before capturing."""
+        capture), the second time with every wait for the device raising; put the random state back;
+        capture. Returns the entry, or None where auto gives up before capturing."""
         static = {name: tensor.clone() for name, tensor in inputs.items()}  # outside the pool
         random_state = torch.cuda.get_rng_state()
         try:
             self._warm_up(static)
-        except torch.OutOfMemoryError:
-            raise  # the run's own out-of-memory advice, not "cannot be captured"
-        except RuntimeError as error:  # waits for the device, or a parameter's first gradient now
+        except NotCapturable as error:
             torch.cuda.set_rng_state(random_state)
             return self._not_capturable(key, error)
         torch.cuda.set_rng_state(random_state)
         current = torch.cuda.current_stream()
         try:
             graph, summed = record_graph(functools.partial(self._step, static), self.pool, self.stream)
+        except torch.OutOfMemoryError:
+            raise  # the run's own out-of-memory advice
         except RuntimeError as error:
             raise TrainingFailed(
                 f"--cuda_graphs: capturing a batch of shape {_shapes(key)} failed ({_first_line(error)}); "
@@ -166,32 +174,42 @@ class GraphedSteps:
         return self.graphs[key]
 
     def _warm_up(self, static: dict) -> None:
-        """This micro-batch eagerly on the capture stream, twice: as it comes, then with every wait for the
-        device raising (two eager steps per shape). The first shape's decides the fixed gradients: those of
-        the parameters it gave one (zeros from then on). Raises RuntimeError at a wait for the device or
-        where a parameter gets its first gradient in a later shape (no graph could zero it)."""
+        """This micro-batch eagerly on the capture stream, twice: as it comes (an error there is the
+        model's own, raised as it is), then with every wait for the device raising, noting which
+        parameters get a gradient (two eager steps per shape). The first shape's decides the fixed
+        gradients; a later shape must give gradients to the same parameters. Raises NotCapturable."""
         fresh = self.grads is None
         if fresh:
             for parameter in self.trainable:
                 parameter.grad = None
         self.stream.wait_stream(torch.cuda.current_stream())
         previous = torch.cuda.get_sync_debug_mode()
+        received = set()  # ids: a set of tensors would compare two of them with == on a hash collision
+        hooks = [p.register_post_accumulate_grad_hook(lambda p: received.add(id(p))) for p in self.trainable]
         try:
             with torch.cuda.stream(self.stream):
                 self._step(static)  # lazy initialisation (kernels, handles) may wait for the device once
+                received.clear()
                 torch.cuda.set_sync_debug_mode("error")
-                self._step(static)  # what a replay would hold: no wait for the device allowed
+                try:
+                    self._step(static)  # what a replay would hold: no wait for the device allowed
+                except torch.OutOfMemoryError:
+                    raise
+                except RuntimeError as error:
+                    raise NotCapturable(_first_line(error)) from error
         finally:
             torch.cuda.set_sync_debug_mode(previous)
             torch.cuda.current_stream().wait_stream(self.stream)
+            for hook in hooks:
+                hook.remove()
         if fresh:
-            self.written = [p for p in self.trainable if p.grad is not None]
-            self.unwritten = [p for p in self.trainable if p.grad is None]
+            self.written = [p for p in self.trainable if id(p) in received]
+            self.unwritten = [p for p in self.trainable if id(p) not in received]
             self.grads = [p.grad for p in self.written]
-        elif any(p.grad is not None for p in self.unwritten):
-            raise RuntimeError("a parameter gets its first gradient in this batch shape")
+        elif received != {id(p) for p in self.written}:
+            raise NotCapturable("this batch shape gives gradients to other parameters than the first")
 
-    def _not_capturable(self, key: tuple, error: RuntimeError) -> None:
+    def _not_capturable(self, key: tuple, error: NotCapturable) -> None:
         """--cuda_graphs true: the run fails naming the shape. auto: a note (rank 0 prints; nothing
         collective here), and eager steps from now on."""
         reason = _first_line(error)
@@ -201,6 +219,7 @@ class GraphedSteps:
                 "use --cuda_graphs false"
             ) from error
         self.eager_only = True
+        self.graphs.clear()  # and their memory pool
         for parameter in self.trainable:  # the warm-up's gradients go; the loop zeroes them from now on
             parameter.grad = None
         if self.accelerator.is_main_process:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from finetune.mnli import cli, main
+from tests.backbones import build_tiny
 from tests.helpers import tiny_args, with_fault
 
 READS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__")
@@ -59,6 +60,19 @@ def test_no_host_reads_between_log_lines(padding_free, tiny_model_dir, nli_files
     with host_reads() as reads:
         results = main(args)
     assert results["global_step"] == 38
+    assert reads == []
+
+
+def test_no_host_reads_with_a_decoder(nli_files, tmp_path):
+    """A Llama: transformers' causal mask asks whether the batch holds padding (to use is_causal) unless
+    the mask is always built, as with bucketed lengths; --cuda_graphs's checked warm-up counts that as a
+    wait for the device."""
+    model = build_tiny("llama", tmp_path / "llama")
+    args = tiny_args(
+        model, nli_files, tmp_path / "out", "--logging_steps", "1000", "--pad_to_multiple_of", "16"
+    )
+    with host_reads() as reads:
+        main(args)
     assert reads == []
 
 
