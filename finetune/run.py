@@ -39,7 +39,7 @@ from finetune.output.tracking import MetricsLog, start_trackers, trackers_for, w
 from finetune.output.writing import writing
 from finetune.speed.attention import varlen_position_offset
 from finetune.speed.compile import compile_cache_line, compile_counts
-from finetune.speed.cuda_graphs import GraphedSteps
+from finetune.speed.cuda_graphs import GraphedSteps, cuda_graphs_for
 from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
 from finetune.training.best import training_outcome, use_best_model
@@ -140,11 +140,14 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     set_seed(args.seed)
     bf16_native = bf16_is_fast()
     loading = loading_options(args, accelerator.device.type, bf16_native)  # refusals before the data
+    cuda_graphs = cuda_graphs_for(args, accelerator)  # "true"/"false"; --cuda_graphs true refused here
 
     task, splits = load_splits(args)
     metric = choose_metric(args, task, splits)  # before the model loads
     check_calibration(args, task, splits)
-    model, tokenizer, backbone, speed = build_model(args, task, accelerator, loading, bf16_native)
+    model, tokenizer, backbone, speed = build_model(
+        args, task, accelerator, loading, bf16_native, cuda_graphs
+    )
     parameters = parameter_counts(model)  # before prepare: FSDP shards them
     on_gpu = accelerator.device.type == "cuda"
     weigh_documents = args.window_loss_weighting == "document"
@@ -156,7 +159,9 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     if args.auto_find_batch_size and args.do_train:  # collective; sets the batch before the loaders
         batch, batch_notice = fit_batch_size(args, model, tokenized["train"], tokenizer, accelerator)
     eval_batch = eval_batch_size(args, accelerator.device.type)
-    resolved = Resolved(**metric, **speed, **batch, per_device_eval_batch_size=eval_batch)
+    resolved = Resolved(
+        **metric, **speed, **batch, per_device_eval_batch_size=eval_batch, cuda_graphs=cuda_graphs
+    )
     config = args.with_resolved(resolved)  # what the run trains with, from here on
     loaders = build_dataloaders(
         tokenized, tokenizer, config, world_size, on_gpu, position_offset=varlen_position_offset(model)

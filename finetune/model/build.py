@@ -3,8 +3,6 @@ memory and LoRA settings."""
 
 from __future__ import annotations
 
-from accelerate.utils import DistributedType, DynamoBackend
-
 from finetune.config.train_config import TrainConfig
 from finetune.data.batching import resolve_pad_to_multiple_of
 from finetune.model.backbones import classifies_from_last_token, fit_tokenizer_to_model, prepare_decoder
@@ -12,17 +10,19 @@ from finetune.model.loading import load_model_and_tokenizer
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import refuse_checkpoint_dtype
 from finetune.speed.attention import check_varlen_precision, use_sync_free_masks, use_varlen_attention
-from finetune.speed.cuda_graphs import resolve_cuda_graphs
 from finetune.speed.malloc import keep_freed_memory, resolve_keep_freed_memory
 from finetune.speed.memory import enable_gradient_checkpointing
 from finetune.speed.packed_dropout import pack_dropout_modules, resolve_dropout_kernel, use_packed_dropout
 from finetune.speed.padding_free import resolve_padding_free, use_padding_free
 
 
-def build_model(args: TrainConfig, task, accelerator, loading: dict, bf16_native: bool):
+def build_model(
+    args: TrainConfig, task, accelerator, loading: dict, bf16_native: bool, cuda_graphs: str = "false"
+):
     """The model and tokenizer, fitted to each other, with this machine's speed paths and the memory
-    and LoRA settings. Returns (model, tokenizer, the `backbone` record of train_config.json, the speed
-    choices for `Resolved`)."""
+    and LoRA settings (`cuda_graphs`: the resolved --cuda_graphs; captured steps need sync-free masks).
+    Returns (model, tokenizer, the `backbone` record of train_config.json, the speed choices for
+    `Resolved`)."""
     model, tokenizer = load_model_and_tokenizer(args.model_name_or_path, task, args.max_length, loading)
     refuse_checkpoint_dtype(model, args, accelerator.device.type, bf16_native)
     backbone = backbone_summary(model, fit_tokenizer_to_model(model, tokenizer))
@@ -40,16 +40,11 @@ def build_model(args: TrainConfig, task, accelerator, loading: dict, bf16_native
     if speed["padding_free"] == "true":
         use_padding_free(model)
     speed["pad_to_multiple_of"] = resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda")
-    alone = accelerator.num_processes == 1 and accelerator.distributed_type == DistributedType.NO
-    compiled = accelerator.state.dynamo_plugin.backend != DynamoBackend.NO  # the flag or an accelerate config
-    speed["cuda_graphs"] = resolve_cuda_graphs(
-        args, device_type, alone, accelerator.mixed_precision, compiled, speed["padding_free"]
-    )
     if speed["padding_free"] == "varlen":
         check_varlen_precision(model, device_type, accelerator.mixed_precision)
         use_varlen_attention(model)
     elif speed["padding_free"] == "false" and (
-        args.pad_to_multiple_of not in ("auto", "1") or speed["cuda_graphs"] == "true"
+        args.pad_to_multiple_of not in ("auto", "1") or cuda_graphs == "true"
     ):
         # Bucketed as asked (auto stays as measured), or captured: a graph cannot wait on the device.
         use_sync_free_masks(model)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from accelerate.utils import DistributedType, DynamoBackend
 
 from finetune.config.train_config import TrainConfig
 from finetune.errors import ConfigError, TrainingFailed
@@ -35,6 +36,16 @@ from finetune.training.evaluation import class_weights_tensor, loss_sum
 
 MOST_GRAPHS = 32
 """Shapes captured at most; later new shapes run eagerly (bucketed batches meet a handful)."""
+
+
+def cuda_graphs_for(args: TrainConfig, accelerator) -> str:
+    """`resolve_cuda_graphs` with this launch's facts, before the data and the model load (--padding_free
+    auto is off wherever CUDA graphs could be on)."""
+    alone = accelerator.num_processes == 1 and accelerator.distributed_type == DistributedType.NO
+    compiled = accelerator.state.dynamo_plugin.backend != DynamoBackend.NO  # the flag or an accelerate config
+    return resolve_cuda_graphs(
+        args, accelerator.device.type, alone, accelerator.mixed_precision, compiled, args.padding_free
+    )
 
 
 def resolve_cuda_graphs(

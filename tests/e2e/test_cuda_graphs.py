@@ -10,10 +10,10 @@ import contextlib
 import pytest
 import torch
 
-import finetune.model.build
+import finetune.run
 import finetune.speed.cuda_graphs as cuda_graphs
 from finetune.errors import TrainingFailed
-from finetune.mnli import main
+from finetune.mnli import cli, main
 from finetune.run import graphed_steps, setup
 from tests.helpers import assert_same_weights, tiny_args, weights
 
@@ -47,10 +47,10 @@ def graphs_on_cpu(monkeypatch):
         captured.append(graph)
         return graph, graph.output
 
-    def resolve(args, device_type, alone, mixed_precision, compiled, padding_free):
-        return cuda_graphs.resolve_cuda_graphs(args, "cuda", alone, "bf16", compiled, padding_free)
+    def resolve(args, accelerator):
+        return cuda_graphs.resolve_cuda_graphs(args, "cuda", True, "bf16", False, args.padding_free)
 
-    monkeypatch.setattr(finetune.model.build, "resolve_cuda_graphs", resolve)
+    monkeypatch.setattr(finetune.run, "cuda_graphs_for", resolve)
     monkeypatch.setattr(cuda_graphs, "record_graph", record)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
@@ -200,3 +200,18 @@ def test_a_later_shape_that_uses_other_parameters_falls_back_to_eager(
     assert note in capsys.readouterr().out
     assert graphs_on_cpu  # the first shape was captured, and replayed until the fallback
     assert_same_weights(weights(tmp_path / "graphs"), weights(tmp_path / "eager"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine's own answer: it has CUDA")
+def test_asking_for_graphs_without_cuda_is_one_line_before_the_model_loads(
+    tiny_model_dir, nli_files, tmp_path, capsys, monkeypatch
+):
+    """No stand-ins here: this machine's own answer."""
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded before the refusal")
+
+    monkeypatch.setattr(finetune.run, "build_model", no_model)
+    assert cli(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--cuda_graphs", "true")) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == "error: --cuda_graphs true needs a CUDA device; drop it on this machine"
