@@ -3,7 +3,7 @@ replayed for every later batch of that shape.
 
 Why: on a GPU a BERT-base step at batch 32 is bound by Python launching kernels one by one
 (docs/benchmarks.md); a replay launches them all in one call. Unlike --torch_compile_mode reduce-overhead,
-nothing is compiled: a new shape costs one eager forward and backward (the warm-up) and the capture.
+nothing is compiled: a new shape costs two eager forward and backward passes (the warm-up) and the capture.
 
 What a graph holds: zeroing the gradients, forward, loss, backward. What stays eager, a few launches: the
 last window's averaging, clipping, the NaN guard, the fused AdamW step, the schedule. The gradients live in
@@ -13,11 +13,11 @@ eager steps (fused AdamW skips them). Every graph draws on one memory pool, kept
 evaluations: one graph runs at a time, its inputs, the weights and the gradients live outside the pool,
 and its output (the summed loss) is read before the next replay.
 
-What cannot be captured is found before any capture begins: the warm-up runs with torch's sync debug mode
-raising at the first wait for the device (a data-dependent shape, `.item()`), and `auto` then trains
-eagerly with a note. A capture that fails after it began fails the run: CUDA's generator and allocator
-are not left in a state to go on from. Python-side decisions (a random layer drop drawn on the CPU) are
-frozen at capture; none of the measured encoders make one.
+What cannot be captured is found before any capture begins: the warm-up's second pass runs with
+torch's sync debug mode raising at the first wait for the device (a data-dependent shape, `.item()`),
+and `auto` then trains eagerly with a note. A capture that fails after it began fails the run: CUDA's
+generator and allocator are not left in a state to go on from. Python-side decisions (a random layer
+drop drawn on the CPU) are frozen at capture; none of the measured encoders make one.
 
 Dropout: replays advance CUDA's random offset as eager steps would, and the warm-up puts back the random
 state it drew from, so a run resumed from a checkpoint draws the same masks.
@@ -124,7 +124,7 @@ class GraphedSteps:
         inputs = {**batch, "labels": labels} | ({} if weight is None else {"weight": weight})
         if self.eager_only:
             return self._step(inputs, zero=False)
-        if self.grads is not None and self.grads[0] is not self.written[0].grad:
+        if self.grads and self.grads[0] is not self.written[0].grad:
             # The graphs write into the tensors they captured: after an eager zero_grad(set_to_none=True)
             # the optimizer would read new ones that no replay writes (one check, not one per tensor).
             raise RuntimeError("--cuda_graphs: the parameters' gradients were replaced after capture")
