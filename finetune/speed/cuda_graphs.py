@@ -32,7 +32,7 @@ from accelerate.utils import DistributedType, DynamoBackend
 
 from finetune.config.train_config import TrainConfig
 from finetune.errors import ConfigError, TrainingFailed
-from finetune.training.evaluation import class_weights_tensor, loss_sum
+from finetune.training.evaluation import class_weights_tensor, forward_backward
 
 MOST_GRAPHS = 32
 """Shapes captured at most; later new shapes run eagerly (bucketed batches meet a handful)."""
@@ -153,9 +153,9 @@ class GraphedSteps:
                 parameter.grad = None
         batch = dict(inputs)
         labels, weight = batch.pop("labels"), batch.pop("weight", None)
-        summed = loss_sum(self.model(**batch).logits, labels, self.task, weight)
-        self.accelerator.backward(summed / self.batch_divisor)
-        return summed.detach()
+        return forward_backward(
+            self.model, self.accelerator, self.task, batch, labels, weight, self.batch_divisor
+        ).detach()
 
     def _capture(self, key: tuple, inputs: dict):
         """Warm up this shape eagerly on the capture stream (lazy initialisation must not happen inside a

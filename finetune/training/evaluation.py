@@ -52,6 +52,17 @@ def loss_sum(
     return loss if weight is None else (loss * weight.to(loss.dtype)).sum()
 
 
+def forward_backward(model, accelerator, task: Task, batch: dict, labels, weight, batch_divisor: int):
+    """One micro-batch eagerly: its summed loss, returned, and its gradients accumulated, scaled as the
+    mean over a full micro-batch (`batch_divisor` pairs); Accelerate divides by the accumulation steps
+    and DDP averages over ranks, so a full window yields the mean over its pairs. The training loop's
+    step, and what `--cuda_graphs` captures. Collective under DDP: backward all-reduces on the window's
+    last micro-batch."""
+    summed = loss_sum(model(**batch).logits, labels, task, weight)
+    accelerator.backward(summed / batch_divisor)
+    return summed
+
+
 @functools.cache  # never evicted: a CUDA graph reads the tensor's memory without holding it
 def class_weights_tensor(weights: tuple[float, ...], device: torch.device) -> torch.Tensor:
     """--class_weights on the device, copied once per process, not per step: a copy from host memory

@@ -20,7 +20,7 @@ from finetune.output.tracking import MetricsLog
 from finetune.speed.cuda_graphs import GraphedSteps
 from finetune.training.best import _evaluate_and_keep_best, stopped_early
 from finetune.training.checkpoint import TrainState, complete_checkpoints, save_checkpoint
-from finetune.training.evaluation import EvaluationAbandoned, load_metric, loss_sum
+from finetune.training.evaluation import EvaluationAbandoned, forward_backward, load_metric
 from finetune.training.meter import _fractional_epoch, _Meter, model_flops_utilization
 from finetune.training.steps import StepPlan
 
@@ -162,11 +162,9 @@ def _forward_backward(run: Run, batch: dict, labels: torch.Tensor, weight) -> to
     or eager. Collective under DDP: backward all-reduces on the window's last micro-batch."""
     if run.graphs is not None:
         return run.graphs.forward_backward(batch, labels, weight)
-    summed = loss_sum(run.model(**batch).logits, labels, run.task, weight)
-    # Scaled as the mean over a full micro-batch; Accelerate divides by the accumulation steps and DDP
-    # averages over ranks, so a full window yields the mean over its pairs.
-    run.accelerator.backward(summed / run.config.per_device_train_batch_size)
-    return summed
+    return forward_backward(
+        run.model, run.accelerator, run.task, batch, labels, weight, run.config.per_device_train_batch_size
+    )
 
 
 def _optimizer_step(run: Run, window_samples: int, full_window: int, window_weight=None) -> torch.Tensor:
