@@ -140,16 +140,22 @@ def test_a_capture_that_fails_once_begun_fails_the_run(
         main(tiny_args(tiny_model_dir, nli_files, tmp_path, *FLAGS))
 
 
+def with_a_decayed_parameter(args, identity, name: str):
+    """`setup`'s run, its model holding one more trainable, weight-decayed parameter (ones), seen by the
+    optimizer and the graphs too. Returns (run, the parameter)."""
+    run = setup(args, identity)
+    parameter = torch.nn.Parameter(torch.ones(4))
+    run.model.register_parameter(name, parameter)
+    decayed = next(group for group in run.optimizer.param_groups if group["weight_decay"] > 0)
+    decayed["params"].append(parameter)
+    run.graphs = graphed_steps(args, run.config, run.accelerator, run.model, run.task)
+    return run, parameter
+
+
 def with_an_unused_parameter(args, identity):
     """The run's model holds a trainable, weight-decayed parameter its forward never uses (as XLNet's
     mask_emb for classification): eagerly it never has a gradient, so fused AdamW leaves it alone."""
-    run = setup(args, identity)
-    unused = torch.nn.Parameter(torch.ones(4))
-    run.model.register_parameter("unused", unused)
-    decayed = next(group for group in run.optimizer.param_groups if group["weight_decay"] > 0)
-    decayed["params"].append(unused)
-    run.graphs = graphed_steps(args, run.config, run.accelerator, run.model, run.task)  # sees it too
-    return run
+    return with_a_decayed_parameter(args, identity, "unused")[0]
 
 
 def test_class_weights_and_a_parameter_without_gradient_replay_as_eagerly(
@@ -172,11 +178,7 @@ def test_class_weights_and_a_parameter_without_gradient_replay_as_eagerly(
 def with_a_parameter_for_48(args, identity):
     """A parameter only batches of 48 tokens give a gradient (zero-valued) to: that shape, met after the
     first (32), gives gradients to other parameters, which no set of fixed gradients can serve."""
-    run = setup(args, identity)
-    extra = torch.nn.Parameter(torch.ones(4))
-    run.model.register_parameter("extra", extra)
-    decayed = next(group for group in run.optimizer.param_groups if group["weight_decay"] > 0)
-    decayed["params"].append(extra)
+    run, extra = with_a_decayed_parameter(args, identity, "extra")
 
     def batches_of_48_use_it(module, args, kwargs, output):
         if kwargs["input_ids"].shape[1] == 48:
@@ -184,7 +186,6 @@ def with_a_parameter_for_48(args, identity):
         return output
 
     run.model.register_forward_hook(batches_of_48_use_it, with_kwargs=True)
-    run.graphs = graphed_steps(args, run.config, run.accelerator, run.model, run.task)
     return run
 
 
