@@ -26,6 +26,7 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from finetune.config.train_config import TrainConfig
 from finetune.errors import ConfigError
+from finetune.speed.hardware import cpu_has_amx
 from finetune.speed.packed_dropout import ATTENTION as PACKED_DROPOUT_ATTENTION
 from finetune.speed.packed_dropout import packed_dropout_attention
 
@@ -54,9 +55,12 @@ class PaddedShape(NamedTuple):
     length: int
 
 
-def cpu_has_amx() -> bool:
-    """AMX tiles (Sapphire Rapids and later Xeons); torch's probe is private and absent on older torch."""
-    return getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+def padding_free_pays(device_type: str, torch_compile: bool) -> bool:
+    """Whether auto turns padding-free on for a model that takes it: on CPU, where the work saved
+    outweighs the packing, except on CPUs with AMX, whose padded matmuls are fast enough that it does not
+    pay; not on GPUs (more launches and a wait per forward), nor under torch.compile (nonzero() breaks
+    the graph). docs/benchmarks.md has the figures."""
+    return device_type == "cpu" and not cpu_has_amx() and not torch_compile
 
 
 def supports_padding_free(model: nn.Module) -> bool:
@@ -68,17 +72,10 @@ def supports_padding_free(model: nn.Module) -> bool:
 
 
 def resolve_padding_free(config: TrainConfig, model: nn.Module, device_type: str) -> str:
-    """--padding_free as "true" or "false". auto: on CPU, where the work saved outweighs the packing,
-    except on CPUs with AMX, whose padded matmuls are fast enough that it does not pay; not on GPUs
-    (more launches and a wait per forward), nor under torch.compile (nonzero() breaks the graph).
-    docs/benchmarks.md has the figures."""
+    """--padding_free as "true" or "false". auto: where it pays (`padding_free_pays`), for a model that
+    takes it."""
     if config.padding_free == "auto":
-        wanted = (
-            device_type == "cpu"
-            and not cpu_has_amx()
-            and not config.torch_compile
-            and supports_padding_free(model)
-        )
+        wanted = padding_free_pays(device_type, config.torch_compile) and supports_padding_free(model)
         return "true" if wanted else "false"
     if config.padding_free == "true" and not supports_padding_free(model):
         raise ConfigError(
