@@ -25,6 +25,7 @@ from finetune.distributed.accelerator import build_accelerator, describe_runtime
 from finetune.distributed.ranks import launcher_rank, launcher_world_size, replicas_identical
 from finetune.distributed.signals import StopSignals, only_noted
 from finetune.errors import StoppedAfterFinish, TrainingFailed, TrainingInterrupted
+from finetune.hub import check_model_source
 from finetune.model.build import build_model
 from finetune.model.flops import flops_per_token
 from finetune.model.lora import describe_parameters, parameter_counts
@@ -34,8 +35,21 @@ from finetune.output.card import changed_flags, hardware, is_model_card, weights
 from finetune.output.export import export_model, push_to_hub
 from finetune.output.lock import release_lock, take_lock
 from finetune.output.plots import CONFUSION_FILE, CURVES_FILE, plot_confusion_matrix, plot_training_curves
-from finetune.output.prerun import check_output_dir, finished_run, remove_earlier_run
-from finetune.output.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
+from finetune.output.prerun import (
+    check_output_dir,
+    finished_run,
+    folders_to_create,
+    remove_earlier_run,
+    remove_failed_start,
+)
+from finetune.output.terminal import quiet_libraries, results_summary, run_summary
+from finetune.output.tracking import (
+    MetricsLog,
+    auto_trackers_notice,
+    start_trackers,
+    trackers_for,
+    wandb_offline_notice,
+)
 from finetune.output.writing import writing
 from finetune.speed.attention import varlen_position_offset
 from finetune.speed.compile import compile_cache_line, compile_counts
@@ -63,8 +77,14 @@ def run_config(args: TrainConfig, build=None, keep_process_group: bool = False) 
     finished = finished_run(args, identity)
     if finished is not None:  # relaunched after the end: nothing trains, nothing of the run changes
         return predict_with_finished(args, finished, build) if args.do_predict else finished
+    created = folders_to_create(args.output_dir)
     try:
         run = (build or setup)(args, identity)
+    except BaseException:  # a failed start: the folder as it was found, and free for the next one
+        release_lock(args.output_dir)
+        remove_failed_start(created)
+        raise
+    try:
         results = execute(run)
     except TrainingInterrupted as stopped:
         if run.accelerator.is_main_process:
@@ -73,7 +93,7 @@ def run_config(args: TrainConfig, build=None, keep_process_group: bool = False) 
         close(run)  # every rank stopped at the same step, so they can leave together
         raise
     except BaseException:
-        release_lock(args.output_dir)  # a failed start or run leaves the folder to the next one
+        release_lock(args.output_dir)  # a failed run leaves the folder, with its record, to the next one
         raise
     with only_noted() as noted:  # the run is complete: a stop signal does not cut its closing short
         close(run, keep_process_group)
@@ -131,8 +151,11 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)
     check_output_dir(args, resume is not None, identity)
     take_lock(output_dir)  # rank 0: one run per output folder, until close() (or run_config's failure)
+    if not args.debug:
+        quiet_libraries()
     trackers = trackers_for(args.report_to)
-    wandb_notice = wandb_offline_notice(trackers)
+    report_to = args.report_to if args.report_to != "auto" else (trackers or ["none"])[0]
+    tracker_notice = wandb_offline_notice(trackers) or auto_trackers_notice(args.report_to, trackers)
     if args.full_determinism:  # before the accelerator creates CUDA's handles: cuBLAS reads its variable once
         enable_full_determinism(args.seed)
     accelerator = build_accelerator(args, trackers)
@@ -140,6 +163,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     set_seed(args.seed)
     bf16_native = bf16_is_fast()
     loading = loading_options(args, accelerator.device.type, bf16_native)  # refusals before the data
+    check_model_source(args.model_name_or_path, args.model_revision)  # the cache or the Hub, in seconds
     cuda_graphs = cuda_graphs_for(args, accelerator)  # "true"/"false"; --cuda_graphs true refused here
 
     task, splits = load_splits(args)
@@ -160,7 +184,12 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         batch, batch_notice = fit_batch_size(args, model, tokenized["train"], tokenizer, accelerator)
     eval_batch = eval_batch_size(args, accelerator.device.type)
     resolved = Resolved(
-        **metric, **speed, **batch, per_device_eval_batch_size=eval_batch, cuda_graphs=cuda_graphs
+        **metric,
+        **speed,
+        **batch,
+        per_device_eval_batch_size=eval_batch,
+        cuda_graphs=cuda_graphs,
+        report_to=report_to,
     )
     config = args.with_resolved(resolved)  # what the run trains with, from here on
     loaders = build_dataloaders(
@@ -209,8 +238,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         with writing("train_config.json", output_dir):
             (output_dir / "train_config.json").write_text(json.dumps(record, indent=2))
         log = MetricsLog(accelerator, config.output_dir, resumed_step=state.global_step if resume else None)
-        if wandb_notice:
-            print(wandb_notice)
+        if tracker_notice:
+            print(tracker_notice)
         if batch_notice:
             print(batch_notice)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
@@ -328,7 +357,8 @@ def execute(run: Run) -> dict:
         # Last: results.json marks a finished run.
         with writing("results.json", output_dir):
             (output_dir / "results.json").write_text(json.dumps(results, indent=2))
-        print(json.dumps(results, indent=2))
+        if summary := results_summary(results, task):
+            print(summary)
         written = ["model, tokenizer, README.md (model card), training_curves.png"] if config.do_train else []
         written += ["predictions.jsonl"] if predictions is not None else []
         logged = config.do_train or bool(run.eval_loaders)
@@ -357,30 +387,3 @@ def close(run: Run, keep_process_group: bool = False) -> None:
     else:
         accelerator.end_training()  # the trackers, then the process group
     release_lock(run.config.output_dir)
-
-
-def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:
-    """One line, printed once by the main process: what this job really got, every speed path named."""
-    job = (
-        f"world_size={accelerator.num_processes} device={accelerator.device} "
-        f"mixed_precision={accelerator.mixed_precision} "
-    )
-    weights = f"torch_dtype={config.torch_dtype} attn_implementation={config.attn_implementation}"
-    if not config.do_train:
-        return job + (
-            f"evaluation only: per_device_eval_batch={config.per_device_eval_batch_size} "
-            f"padding_free={config.padding_free} pad_to_multiple_of={config.pad_to_multiple_of} "
-            f"torch_compile={str(config.torch_compile).lower()} {weights}"
-        )
-    line = job + (
-        f"per_device_batch={config.per_device_train_batch_size} global_batch={plan.global_batch_size} "
-        f"steps={plan.total_updates} "
-        f"(warmup {plan.warmup_updates}, {plan.updates_per_epoch}/epoch) "
-        f"dropout_kernel={config.dropout_kernel} padding_free={config.padding_free} "
-        f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
-        f"cuda_graphs={config.cuda_graphs} "
-        f"pad_to_multiple_of={config.pad_to_multiple_of} "
-        f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
-        f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
-    )
-    return line + (f" resuming from {resume} at step {global_step}" if resume else "")

@@ -9,7 +9,7 @@ import huggingface_hub.constants
 
 from finetune.errors import ConfigError
 
-ReportTo = Literal["wandb", "tensorboard", "all", "none"]
+ReportTo = Literal["auto", "wandb", "tensorboard", "all", "none"]
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,9 @@ class OutputArgs:
     """Keep the newest N checkpoints (plus the best one); older ones are removed."""
     logging_steps: int = 50
     """Log loss, learning rate and throughput every N optimizer steps."""
-    report_to: ReportTo = "wandb"
-    """Tracker: wandb, tensorboard, all or none (metrics.jsonl is always written)."""
+    report_to: ReportTo = "auto"
+    """Tracker: wandb, tensorboard, all (both) or none; metrics.jsonl is always written. auto: wandb where
+    this machine is logged in to W&B (WANDB_API_KEY, or `wandb login`), otherwise none."""
     project_name: str | None = None
     """Tracker project name (the W&B project); default finetune-<task_name>."""
     run_name: str | None = None

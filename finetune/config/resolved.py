@@ -36,6 +36,8 @@ class Resolved:
     """The flag's steps, doubled for each halving of the batch by --auto_find_batch_size."""
     per_device_eval_batch_size: int
     """The flag's batch, or this device's default (see --per_device_eval_batch_size)."""
+    report_to: str
+    """The trackers the run logs to (auto: wandb where this machine is logged in to W&B, else none)."""
 
 
 # Evaluation batches when --per_device_eval_batch_size is unset, at --max_length 128 (measured in

@@ -15,6 +15,7 @@ from pyarrow import ArrowException
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task
 from finetune.errors import ConfigError, shorten
+from finetune.hub import hub_offline_reason
 
 
 def read_splits(
@@ -72,6 +73,7 @@ def _load_dataset_splits(config: TrainConfig, task: Task | None, wanted: dict, c
         )
     if name.startswith((".", "/", "~")) and not Path(name).exists():
         raise ConfigError(f"--dataset_name {name}: no such folder; check the path")
+    offline = None if Path(name).exists() else hub_offline_reason()  # the cache at once, not retries
     try:
         dataset = load_dataset(name, subset)
     except (ConnectionError, FileNotFoundError, ValueError, DatasetGenerationError) as error:
@@ -82,11 +84,11 @@ def _load_dataset_splits(config: TrainConfig, task: Task | None, wanted: dict, c
             fix = "give a folder of data files of one format (.jsonl, .csv, .parquet) named by split"
         elif subset and "BuilderConfig" in detail:
             fix = f"check --dataset_config_name {subset}"
+        elif offline:
+            detail = f"not in the datasets cache, and {offline}"
+            fix = "give local files (--train_file, --validation_file) or a local folder of data files"
         else:
-            fix = (
-                "give Hub access (unset HF_HUB_OFFLINE and HF_DATASETS_OFFLINE), a local folder of data "
-                "files, or local files (--train_file, --validation_file)"
-            )
+            fix = "check the name, or give local files (--train_file, --validation_file)"
         raise ConfigError(f"{named}: cannot load it ({detail}); {fix}") from None
     named = {"train": "train", "test": "test", **{s: s for s in (task.validation_splits if task else ())}}
     if task is None:

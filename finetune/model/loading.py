@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 from finetune.data.labels import model_head, settle_label_order
 from finetune.data.tasks import Task
 from finetune.errors import ConfigError
+from finetune.hub import hub_error
 from finetune.model.options import loading_error
 
 
@@ -61,11 +62,8 @@ def load_model_and_tokenizer(
             f"--model_name_or_path {model_name_or_path}: its weights do not fit its config.json "
             f"({str(error).splitlines()[0][:120]})"
         ) from None
-    except OSError:
-        raise ConfigError(
-            f"--model_name_or_path {model_name_or_path}: no model there; pass a local folder "
-            "(config.json, weights, tokenizer) or a Hub id with Hub access (unset HF_HUB_OFFLINE)"
-        ) from None
+    except OSError as error:  # no such model, a gated one, no model files in the folder
+        raise hub_error(model_name_or_path, error) from None
     positions = getattr(model_config, "max_position_embeddings", None)
     if positions is not None and max_length > positions:
         raise ConfigError(f"--max_length {max_length} exceeds the model's {positions} positions; lower it")

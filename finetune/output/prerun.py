@@ -34,6 +34,24 @@ MODEL_FILES = ("config.json", "generation_config.json", "special_tokens_map.json
                "merges.txt", "chat_template.jinja", *TOKENIZER_FILES)  # fmt: skip
 
 
+def folders_to_create(output_dir: str | Path) -> Path | None:
+    """The topmost folder of `output_dir`'s path that does not exist yet (None: the folder exists): what
+    a start that fails leaves behind unless it removes it."""
+    path = Path(output_dir).absolute()
+    if path.exists():
+        return None
+    while not path.parent.exists():
+        path = path.parent
+    return path
+
+
+def remove_failed_start(created: Path | None) -> None:
+    """After a failed start, rank 0 removes the folders that start created (`folders_to_create`, taken
+    before it): nothing in them predates it. A folder that existed is never touched."""
+    if created is not None and launcher_rank() == 0:
+        shutil.rmtree(created, ignore_errors=True)
+
+
 def check_output_dir(config: TrainConfig, resuming: bool, identity: dict) -> None:
     """Before anything heavy: a usable folder, not the model's own, never silently over a finished run,
     an earlier run's outputs or another model's files (an unfinished start of this very run, the same

