@@ -319,6 +319,7 @@ def execute(run: Run) -> dict:
             "best_metric": state.best_metric,
             "best_step": state.best_step,
             **training_outcome(run, exported),
+            # Last: its eval_* keys, the calibrated (exported) model's, replace the training evaluation's.
             **calibration,
         }
     elif run.eval_loaders:

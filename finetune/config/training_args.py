@@ -163,10 +163,14 @@ for multi-label (eval_ece_<label>, eval_brier_<label>)."""
     calibrate: Calibration = "none"
     """temperature: after training (and --load_best_model_at_end), fit one temperature T > 0 on the first
     validation split's logits (least NLL) and divide the exported model's classification layer by it, so
-    `pipeline`, predictions.jsonl and later evaluations give softmax(logits / T) with the same argmax;
-    results.json gets calibration_temperature and ECE before and after, reliability_diagram.png both.
-    Multi-label: one T for every label, fit on the binary NLL of sigmoid(logits / T), ECE per label and
-    averaged; needs --multi_label_threshold 0.5, where every predicted label stays. Not for regression."""
+    `pipeline`, predictions.jsonl and later evaluations give softmax(logits / T) with the same argmax.
+    results.json's eval_* keys are then the calibrated model's (in-sample on the split T was fit on); the
+    ECE, Brier and loss before T are eval_..._before_calibration, and after T on rows it was not fit on
+    eval_..._after_calibration_held_out (2-fold cross-fitting); calibration_temperature, and
+    calibration_temperature_at_bound when T stopped at 0.01 or 100 (at 100: no confidence signal).
+    The best model is still picked by training's evaluations, before calibration. Multi-label: one T
+    for every label, fit on the binary NLL of sigmoid(logits / T), ECE per label and averaged; needs
+    --multi_label_threshold 0.5, where every predicted label stays. Not for regression."""
 
     def __post_init__(self):
         """Checks of this group's flags alone; --load_best_model_at_end defaults to whether it evaluates."""

@@ -10,7 +10,10 @@ the Brier score, the reliability bins behind both, and the temperature that cali
   prediction p >= 0.5; `ece` and `brier` are then the means over labels.
 - Temperature: the T > 0 that minimizes the negative log-likelihood of softmax(logits / T) (multi-label:
   of every label's sigmoid(logits / T), one T shared by all labels), found by a golden-section search over
-  log T in [log 0.01, log 100] (NLL is convex in 1/T, so unimodal in log T).
+  log T in [log 0.01, log 100] (NLL is convex in 1/T, so unimodal in log T). A T at either end of that
+  range is the range's limit, not an estimate (`temperature_bound`).
+- Cross-fitting (`cross_fitted_logits`): each fold of the rows divided by the T fit on the other folds,
+  so figures measured on them are held out from the fit.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 ECE_BINS = 15
 CALIBRATION_METRICS = ("ece", "brier")
 TEMPERATURE_RANGE = (0.01, 100.0)
+_AT_BOUND_LOG = 1e-6  # T within 1 ppm of a limit: the NLL was still falling there
 _SEARCH_STEPS = 80  # the bracket shrinks by 0.618 per step: 9.2 x 0.618^80 < 1e-15 in log T
 
 
@@ -97,8 +101,8 @@ def negative_log_likelihood(
 def fit_temperature(logits: torch.Tensor, references: torch.Tensor, multi_label: bool = False) -> float:
     """The temperature T that minimizes the validation NLL of softmax(logits / T) (multi-label: the
     binary NLL of sigmoid(logits / T), one T for every label): a deterministic golden-section search over
-    log T within TEMPERATURE_RANGE, on the CPU in float64. The same logits give the same T bit for bit
-    on every machine that rounds float64 the same way."""
+    log T within TEMPERATURE_RANGE, on the CPU in float64; 1 when no T lowers the NLL below T = 1's.
+    The same logits give the same T bit for bit on every machine that rounds float64 the same way."""
     logits, references = logits.detach().cpu().double(), references.detach().cpu()
 
     def nll(log_t: float) -> float:
@@ -117,4 +121,35 @@ def fit_temperature(logits: torch.Tensor, references: torch.Tensor, multi_label:
             low, a, nll_a = a, b, nll_b
             b = low + ratio * (high - low)
             nll_b = nll(b)
-    return math.exp((low + high) / 2)
+    found = (low + high) / 2
+    # A T that does not lower the NLL below T = 1's (all-equal logits: the NLL is flat, and ties walk
+    # the search to the lower limit) would rescale the model for nothing: it stays as it is.
+    return math.exp(found) if nll(found) < nll(0.0) else 1.0
+
+
+def temperature_bound(temperature: float) -> str | None:
+    """ "upper" or "lower" when `fit_temperature` stopped at that end of TEMPERATURE_RANGE (the search
+    ends within 1e-15 of it in log T when the NLL still falls there), else None."""
+    low, high = TEMPERATURE_RANGE
+    if abs(math.log(temperature / high)) < _AT_BOUND_LOG:
+        return "upper"
+    if abs(math.log(temperature / low)) < _AT_BOUND_LOG:
+        return "lower"
+    return None
+
+
+def cross_fitted_logits(
+    logits: torch.Tensor, references: torch.Tensor, multi_label: bool = False, folds: int = 2
+) -> tuple[torch.Tensor, list[float]]:
+    """The logits with row i in fold i % `folds` and each fold divided by the T fit on the other folds'
+    rows; and those temperatures, fold by fold. Calibration figures of the result are held out: no row
+    is scored with a T its own label helped fit. Needs at least `folds` rows."""
+    if len(logits) < folds:
+        raise ValueError(f"cross-fitting {folds} folds needs at least {folds} rows, got {len(logits)}")
+    fold = torch.arange(len(logits)) % folds
+    scaled, temperatures = torch.empty_like(logits), []
+    for k in range(folds):
+        temperature = fit_temperature(logits[fold != k], references[fold != k], multi_label)
+        scaled[fold == k] = logits[fold == k] / temperature
+        temperatures.append(temperature)
+    return scaled, temperatures

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from finetune.config.train_config import TrainConfig, as_flag_value, default_of
-from finetune.data.tasks import PER_CLASS, Task
+from finetune.data.tasks import PER_CLASS, Task, eval_key
+from finetune.metrics.calibration import temperature_bound
 from finetune.output.plots import CONFUSION_FILE, CURVES_FILE, _confusion
 
 
@@ -213,4 +214,26 @@ def _exported_model_line(config: TrainConfig, results: dict) -> list[str]:
             f"- calibrated: its classification layer divides the logits by the temperature T = "
             f"{temperature:.4f}, fit on the validation rows (least NLL); predictions are unchanged"
         )
+        line += _calibration_figures(results)
     return line
+
+
+def _calibration_figures(results: dict) -> list[str]:
+    """ECE of the fit split before T, in-sample after it (the exported model on the rows T was fit on:
+    results.json's headline), and held out; a T at its search limit said plainly."""
+    split = results["calibration_fit_split"]
+    ece = eval_key(split, "ece")
+    held_out = results.get(eval_key(split, "ece_after_calibration_held_out"))
+    figures = (
+        f"- ECE on {split}: {results[f'{ece}_before_calibration']:.4f} before, {results[ece]:.4f} after "
+        f"(`{ece}`, in-sample: the rows T was fit on)"
+    )
+    if held_out is not None:
+        figures += f", {held_out:.4f} held out (2-fold cross-fitting: each half scored with the other's T)"
+    if not results.get("calibration_temperature_at_bound"):
+        return [figures]
+    if temperature_bound(results["calibration_temperature"]) == "upper":
+        why = "the logits carry no confidence signal (a near-chance model): every probability is near uniform"
+    else:
+        why = "nearly every validation prediction is right, with small margins"
+    return [figures, f"- T is the limit of its search range, not an estimate: {why}"]

@@ -82,9 +82,17 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
 
     `should_stop` (collective too) is asked before every batch; when it says yes,
     `EvaluationAbandoned` is raised on every rank."""
+    scores = {
+        split: evaluate(accelerator, model, loader, metric, task, should_stop)
+        for split, loader in eval_loaders.items()
+    }
+    return split_results(scores, task)
+
+
+def split_results(scores_by_split: dict, task: Task) -> dict:
+    """`evaluate_splits`' keys from each split's `split_scores`."""
     results, loss_total, rows = {}, 0.0, 0
-    for split, loader in eval_loaders.items():
-        scores = evaluate(accelerator, model, loader, metric, task, should_stop)
+    for split, scores in scores_by_split.items():
         measured = task.metrics + task.per_class_metrics + task.calibration_metrics
         results.update({eval_key(split, m): scores[m] for m in measured})
         if "confusion_matrix" in scores:  # rows: true label, columns: predicted; not sent to trackers
@@ -93,7 +101,7 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
         results[eval_key(split, "loss")] = scores["loss"]
         results[eval_key(split, "samples")] = scores["samples"]
         loss_total, rows = loss_total + scores["loss"] * scores["samples"], rows + scores["samples"]
-    if eval_loaders:  # MNLI's splits have their own losses too; eval_loss is over every row
+    if scores_by_split:  # MNLI's splits have their own losses too; eval_loss is over every row
         results["eval_loss"] = loss_total / max(rows, 1)
     return results
 
@@ -101,6 +109,11 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
 def evaluate(accelerator, model, loader, metric, task: Task, should_stop=None) -> dict:
     """Collective: metrics over the whole split, each row (document) counted exactly once across ranks."""
     references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop, task)
+    return split_scores(logits, references, metric, task)
+
+
+def split_scores(logits: torch.Tensor, references: torch.Tensor, metric, task: Task) -> dict:
+    """One split's metrics, calibration scores, loss and row count, from its gathered fp32 logits."""
     scores = {**_scores(logits, references, metric, task), **calibration_scores(logits, references, task)}
     # The training loss over the split's rows, from the fp32 logits: eval_loss.
     loss = float(loss_sum(logits, references, task)) / max(len(references), 1)

@@ -65,6 +65,33 @@ def test_seeds_summarize_runs_equal_to_standalone_ones(tiny_model_dir, nli_files
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_calibrated_seeds_are_summarized_and_ranked_by_their_exported_models(
+    tiny_model_dir, nli_files, tmp_path
+):
+    """--calibrate temperature with --metric_for_best_model eval_matched_ece: each seed's figure in the
+    summary, and the best seed, are those of the calibrated model in its folder (evaluated afresh), not
+    of the model before calibration, which the summary keeps under its own name."""
+    out = tmp_path / "study"
+    from tests.e2e.test_calibration import OVERFIT
+
+    flags = [*OVERFIT[:-1], "--calibrate", "temperature", "--metric_for_best_model", "eval_matched_ece"]
+    summary = main(tiny_args(tiny_model_dir, nli_files, out, *flags, "--seeds", "42,43"))
+    reset_accelerate()
+    evaluated = {}
+    for seed in (42, 43):
+        evaluated[seed] = main(
+            tiny_args(out / f"seed-{seed}", nli_files, tmp_path / f"eval-{seed}", "--do_train", "false")
+        )
+        reset_accelerate()
+    ece = summary["metrics"]["eval_matched_ece"]
+    for seed in (42, 43):
+        assert ece["values"][str(seed)] == pytest.approx(evaluated[seed]["eval_matched_ece"], abs=1e-5)
+    best = min((42, 43), key=lambda s: evaluated[s]["eval_matched_ece"])
+    assert summary["best"]["seed"] == best
+    before = summary["metrics"]["eval_matched_ece_before_calibration"]["values"]
+    assert all(abs(before[s] - ece["values"][s]) > 1e-4 for s in before)
+
+
 @pytest.mark.subprocess
 def test_an_interrupted_study_finishes_with_auto_and_reruns_nothing_finished(
     tiny_model_dir, nli_files, tmp_path, capsys

@@ -7,7 +7,14 @@ import torch
 from finetune.config.train_config import greater_is_better_default
 from finetune.data.tasks import custom_task
 from finetune.errors import ConfigError
-from finetune.metrics.calibration import fit_temperature, multi_label_calibration, single_label_calibration
+from finetune.metrics.calibration import (
+    TEMPERATURE_RANGE,
+    cross_fitted_logits,
+    fit_temperature,
+    multi_label_calibration,
+    single_label_calibration,
+    temperature_bound,
+)
 from finetune.training.calibrate import check_calibration, scale_head
 
 
@@ -59,6 +66,41 @@ def test_the_temperature_fit_recovers_a_known_temperature(true_temperature):
     fitted = fit_temperature((z * true_temperature).float(), labels)
     assert fitted == pytest.approx(true_temperature, rel=0.05)
     assert fit_temperature((z * true_temperature).float(), labels) == fitted  # deterministic
+
+
+def test_a_temperature_at_the_limit_of_its_range_is_named():
+    """Logits whose top class is never the label: the NLL falls as T grows, so T stops at the upper limit
+    (no confidence signal); every top class right: it falls as T shrinks, to the lower one."""
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(300, 3, generator=generator, dtype=torch.float64) * 3
+    never_right = fit_temperature(z, z.argmin(dim=-1))
+    always_right = fit_temperature(z, z.argmax(dim=-1))
+    assert never_right == pytest.approx(TEMPERATURE_RANGE[1]) and temperature_bound(never_right) == "upper"
+    assert always_right == pytest.approx(TEMPERATURE_RANGE[0]) and temperature_bound(always_right) == "lower"
+    labels = torch.multinomial(z.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+    assert temperature_bound(fit_temperature(z * 2, labels)) is None
+
+
+def test_logits_that_say_nothing_leave_the_model_as_it_is():
+    """All-equal logits: every T gives the same NLL; T stays 1 instead of walking to a limit."""
+    assert fit_temperature(torch.zeros(50, 3), torch.arange(50) % 3) == 1.0
+    assert fit_temperature(torch.zeros(50, 2), torch.ones(50, 2), multi_label=True) == 1.0
+
+
+def test_cross_fitting_never_scores_a_row_with_a_temperature_its_label_helped_fit():
+    """Rows alternate between 2 folds; each fold's logits are divided by the T fit on the other: the
+    labels of fold 0 move fold 1's temperature and figures, never fold 0's own."""
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(400, 3, generator=generator, dtype=torch.float64) * 3
+    labels = torch.multinomial((z / 3).softmax(dim=-1), 1, generator=generator).squeeze(-1)
+    scaled, (t0, t1) = cross_fitted_logits(z, labels)
+    assert t0 == fit_temperature(z[1::2], labels[1::2]) and t1 == fit_temperature(z[0::2], labels[0::2])
+    torch.testing.assert_close(scaled[0::2], z[0::2] / t0)
+    relabelled = labels.clone()
+    relabelled[0::2] = z[0::2].argmax(dim=-1)  # fold 0 now always right
+    moved, (u0, u1) = cross_fitted_logits(z, relabelled)
+    assert u0 == t0 and torch.equal(moved[0::2], scaled[0::2])
+    assert u1 < t1 and not torch.equal(moved[1::2], scaled[1::2])
 
 
 def test_baking_the_temperature_divides_the_logits(tiny_model_dir):
