@@ -31,7 +31,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import optuna
@@ -50,7 +49,8 @@ from finetune.run import run_config, setup
 from finetune.studies import claims
 from finetune.studies.best_seeds import rerun_best, take_rerun
 from finetune.studies.report import FINISHED, export_best, trial_folder, write_report
-from finetune.studies.sweep_config import Param, SweepSpec, grid_of, read_sweep_config
+from finetune.studies.storage import JOURNAL_FILE, open_study, sampler_for
+from finetune.studies.sweep_config import Param, SweepSpec, read_sweep_config
 
 SWEEP_USAGE = """usage: finetune/sweep.py --sweep_config SWEEP.yaml [sweep flags] [training flags]
 
@@ -59,7 +59,6 @@ shared by every trial (listed below the sweep's own).
 """
 DEFAULT_STUDY = "finetune-sweep"
 """One fixed name, so N identical commands share one study."""
-JOURNAL_FILE = "optuna-journal.log"
 
 
 def sweep_cli(argv: list[str] | None = None, build=None) -> int:
@@ -164,69 +163,6 @@ def objective(base: TrainConfig) -> tuple[str, bool]:
     task, splits = load_splits(base)
     chosen = choose_metric(base, task, splits)
     return chosen["metric_for_best_model"], chosen["greater_is_better"]
-
-
-def open_study(spec: SweepSpec, name: str, storage: str | None, direction: str, root: Path) -> optuna.Study:
-    """Creates the study or joins it (same name, same storage); refuses one that optimizes the other way."""
-    if storage is None:
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        root.mkdir(parents=True, exist_ok=True)
-        storage = JournalStorage(JournalFileBackend(str(root / JOURNAL_FILE)))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per trial is ours to print
-    for attempt in range(5):
-        try:
-            study = optuna.create_study(
-                study_name=name,
-                storage=storage,
-                sampler=sampler_for(spec),
-                pruner=pruner_for(spec),
-                direction=direction,
-                load_if_exists=True,
-            )
-            break
-        except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as error:
-            raise ConfigError(
-                f"--storage {storage}: Optuna cannot open it ({error}); give a URL such as "
-                "sqlite:///sweep.db, or leave --storage out for a journal file",
-                flag="--storage",
-            ) from None
-        except Exception as error:
-            # Workers started together on a new database race to create its tables or the study
-            # (SQLAlchemy's OperationalError "table studies already exists", IntegrityError): the
-            # loser tries again and joins what the winner made.
-            if attempt == 4 or type(error).__name__ not in ("OperationalError", "IntegrityError"):
-                raise
-            time.sleep(0.5 * (attempt + 1))
-    if study.direction.name.lower() != direction:
-        raise ConfigError(
-            f"--study_name {name}: that study is to {study.direction.name.lower()}, this sweep's metric is "
-            f"to {direction} (--metric_for_best_model / --greater_is_better); use another --study_name",
-            flag="--study_name",
-        )
-    return study
-
-
-def sampler_for(spec: SweepSpec, trial_number: int | None = None) -> optuna.samplers.BaseSampler:
-    """Optuna's sampler. tpe and random are seeded by (seed, trial number): workers asking at the same
-    moment draw different params, and one worker's study is reproducible."""
-    if spec.sampler == "grid":
-        return optuna.samplers.GridSampler({p.name: grid_of(p) for p in spec.search_space}, seed=spec.seed)
-    seed = None if spec.seed is None else spec.seed + 1_000_003 * (trial_number or 0)
-    return (
-        optuna.samplers.TPESampler(seed=seed)
-        if spec.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed)
-    )
-
-
-def pruner_for(spec: SweepSpec) -> optuna.pruners.BasePruner:
-    if spec.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=spec.pruner_startup_trials)
-    if spec.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner()
-    return optuna.pruners.NopPruner()
 
 
 def suggest(trial: optuna.Trial, param: Param):

@@ -98,7 +98,7 @@ def test_help_lists_the_sweeps_flags_then_the_training_flags(capsys):
     ],
 )
 def test_each_sampler_and_pruner_is_optunas_own(sampler, pruner, classes, tmp_path):
-    from finetune.studies.sweep import pruner_for, sampler_for
+    from finetune.studies.storage import pruner_for, sampler_for
 
     text = GOOD.replace("sampler: tpe", f"sampler: {sampler}").replace("pruner: median", f"pruner: {pruner}")
     if sampler == "grid":  # a grid takes categorical and int parameters only
