@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from finetune.output.card import is_model_card
 from finetune.output.prerun import MODEL_FILES
 
 REPORT_FILE = "sweep.json"
@@ -72,6 +73,10 @@ def export_best(study: optuna.Study, root: Path) -> int | None:
         return None
     source = Path(best["folder"])
     names = [p.name for p in source.glob("model*.safetensors")] + [*MODEL_FILES, "README.md"]
+    card = Path(root) / "README.md"
+    if card.exists() and not (card.is_file() and is_model_card(card)):  # the user's, as a run keeps it
+        print(f"{card} is not a model card of finetune's: kept as it is, the best trial's card not copied")
+        names.remove("README.md")
     for name in names:
         if (source / name).is_file():
             temporary = Path(root) / f".{name}.copying"

@@ -2,7 +2,8 @@
 (also `python -m finetune.sweep`, `accelerate launch finetune/sweep.py`, `torchrun`). See docs/sweeps.md.
 
 Workers. The same command started N times (processes, Slurm array tasks, nodes) is N workers of one
-study (Optuna storage: a journal file in --output_dir by default, or --storage URL). A worker loops:
+study (Optuna storage: a journal file in --output_dir by default, or --storage URL; studies/joining.py
+checks that the folder and the storage hold this study and nothing else). A worker loops:
 look for a trial (under a flock of the output folder, so two workers never take the same one), run it
 as an ordinary run in `<output_dir>/trial-<n>/`, tell the study; it stops once the study holds n_trials
 finished trials (complete, pruned, failed), or every one left is running in another worker.
@@ -48,8 +49,9 @@ from finetune.output.tracking import trackers_for
 from finetune.run import run_config, setup
 from finetune.studies import claims
 from finetune.studies.best_seeds import rerun_best, take_rerun
+from finetune.studies.joining import join_study
 from finetune.studies.report import FINISHED, export_best, trial_folder, write_report
-from finetune.studies.storage import JOURNAL_FILE, open_study, sampler_for
+from finetune.studies.storage import JOURNAL_FILE, sampler_for
 from finetune.studies.sweep_config import Param, SweepSpec, read_sweep_config
 
 SWEEP_USAGE = """usage: finetune/sweep.py --sweep_config SWEEP.yaml [sweep flags] [training flags]
@@ -57,8 +59,6 @@ SWEEP_USAGE = """usage: finetune/sweep.py --sweep_config SWEEP.yaml [sweep flags
 An Optuna study whose trials are finetune runs (docs/sweeps.md); every other flag is a training flag,
 shared by every trial (listed below the sweep's own).
 """
-DEFAULT_STUDY = "finetune-sweep"
-"""One fixed name, so N identical commands share one study."""
 
 
 def sweep_cli(argv: list[str] | None = None, build=None) -> int:
@@ -97,7 +97,7 @@ def sweep_main(argv: list[str] | None = None, build=None) -> dict:
         prog="finetune/sweep.py", allow_abbrev=False, add_help=False, usage=SWEEP_USAGE.splitlines()[0]
     )
     parser.add_argument("--sweep_config", help="the sweep's YAML: search space, n_trials, sampler, pruner")
-    parser.add_argument("--study_name", default=DEFAULT_STUDY, help="the study to create or join")
+    parser.add_argument("--study_name", help="the study to create or join; default: one per settings")
     parser.add_argument("--storage", default=None, help="an Optuna storage URL; default: a journal file")
     parser.add_argument("--rerun_best_with_seeds", type=int, default=0, help="the best params over N seeds")
     options, training_argv = parser.parse_known_args(argv)
@@ -115,10 +115,10 @@ def sweep_main(argv: list[str] | None = None, build=None) -> dict:
     return run_sweep(base, spec, options.study_name, options.storage, build, options.rerun_best_with_seeds)
 
 
-def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str = DEFAULT_STUDY, storage: str | None = None,
+def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str | None = None, storage: str | None = None,
               build=None, rerun_best_with_seeds: int = 0) -> dict:  # fmt: skip
-    """Collective: this worker's part of the study; every check (metric, study) before any trial; then,
-    by the one worker that finds the study finished first, the best params over fresh seeds."""
+    """Collective: this worker's part of the study; every check (metric, folder, study) before any trial;
+    then, by the one worker that finds the study finished first, the best params over fresh seeds."""
     metric, greater_is_better = objective(base)
     root = Path(base.output_dir)
     if launcher_world_size() > 1:  # the group the trials' broadcasts need, before the first Accelerator
@@ -126,7 +126,9 @@ def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str = DEFAULT_STUD
 
         PartialState(cpu=not torch.cuda.is_available())
     direction = "maximize" if greater_is_better else "minimize"
-    study = _on_rank_zero(lambda: open_study(spec, study_name, storage, direction, root))
+    joined = _on_rank_zero(lambda: join_study(base, spec, study_name, storage, metric, direction))
+    study = joined[0] if joined is not None else None
+    study_name = _share(joined[1] if joined is not None else None)
     if "wandb" in trackers_for(base.report_to):
         os.environ.setdefault("WANDB_RUN_GROUP", study_name)  # one W&B group per study, one run per trial
     summary = {"study_name": study_name, "storage": storage or str(root / JOURNAL_FILE), "metric": metric,
@@ -243,9 +245,10 @@ def trial_config(base: TrainConfig, params: dict, folder: Path, number: int) -> 
     """The base flags with the trial's params, in its folder, resuming whatever a killed worker left.
     A bad value is the ConfigError of the run's own checks (the trial fails, the sweep goes on)."""
     named = {"run_name": f"{base.run_name or 'trial'}-{number}"} if base.report_to != "none" else {}
-    config = dataclasses.replace(
-        base, **params, **named, output_dir=str(folder), resume_from_checkpoint="auto"
-    )
+    # --overwrite_output_dir is the sweep's, for its own folder: a trial's folder is the study's, and a
+    # finished trial relaunched is read back, never trained again.
+    config = dataclasses.replace(base, **params, **named, output_dir=str(folder),
+                                 resume_from_checkpoint="auto", overwrite_output_dir=False)  # fmt: skip
     # The model card's command: the flags given plus the trial's.
     object.__setattr__(config, "user_flags", {**getattr(base, "user_flags", {}), **params})
     return config

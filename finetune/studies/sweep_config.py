@@ -49,6 +49,8 @@ class SweepSpec:
     pruner_startup_trials: int = 5
     """median: trials that finish before any is pruned (Optuna's n_startup_trials)."""
     search_space: tuple[Param, ...] = ()
+    path: str | None = dataclasses.field(default=None, compare=False)
+    """The YAML file it was read from, for messages."""
 
 
 def read_sweep_config(path: str) -> SweepSpec:
@@ -80,6 +82,7 @@ def read_sweep_config(path: str) -> SweepSpec:
             values.get("pruner_startup_trials", 5), f"{where}: pruner_startup_trials"
         ),
         search_space=_search_space(values.get("search_space"), where),
+        path=path,
     )
     if spec.sampler == "grid":
         floats = [p.name for p in spec.search_space if p.type == "float"]

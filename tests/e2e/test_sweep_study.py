@@ -2,13 +2,15 @@
 folder holds one study and nothing else, the journal stays readable after a worker died writing it, a
 study is joined only by the same sweep, and its rerun follows the best trial. The tiny BERT, 4 steps."""
 
+import json
 import shutil
 
 import pytest
 
+from finetune.mnli import main
 from finetune.studies.sweep import sweep_cli, sweep_main
 from tests.e2e.test_sweep import TRIAL, report, sweep_yaml
-from tests.helpers import refused, reset_accelerate, snapshot, tiny_args
+from tests.helpers import refused, reset_accelerate, snapshot, tiny_args, weights
 
 LR = (
     "n_trials: {n}\nsampler: random\nseed: 0\nsearch_space:\n"
@@ -94,3 +96,92 @@ def test_each_storage_mistake_is_one_line(url, expected, tiny_model_dir, nli_fil
     refused_cleanly(argv, tmp_path, f"error: --storage {url.format(tmp=tmp_path)}: {expected}", capsys)
     with refused("--storage"):
         sweep_main(argv)
+
+
+def test_a_sweep_refuses_a_folder_holding_other_files_and_replaces_a_run_only_when_told(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    config = sweep_yaml(tmp_path, LR.format(n=1))
+    # Another model's config.json beside a README of the user's: both were replaced, exit 0.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "README.md").write_text("my notes\n")
+    (mine / "config.json").write_text('{"model_type": "bert"}\n')
+    argv = ["--sweep_config", config, *tiny_args(tiny_model_dir, nli_files, mine, *TRIAL)]
+    line = refused_cleanly(argv, mine, "holds files of an earlier run or another model", capsys)
+    assert "--overwrite_output_dir" in line
+
+    # A finished single run (beside the user's README, which it kept): its model and card were replaced
+    # while its results.json stayed, describing other weights.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "README.md").write_text("my notes\n")
+    main(tiny_args(tiny_model_dir, nli_files, run, "--max_train_steps", "2"))
+    reset_accelerate()
+    argv = ["--sweep_config", config, *tiny_args(tiny_model_dir, nli_files, run, *TRIAL)]
+    assert "results.json" in refused_cleanly(argv, run, "holds a finished run (", capsys)
+    assert sweep_cli([*argv, "--overwrite_output_dir"]) == 0
+    reset_accelerate()
+    assert "removed the earlier run's" in capsys.readouterr().out
+    assert not [n for n in ("results.json", "best_model", "metrics.jsonl") if (run / n).exists()]
+    assert weights(run).keys() == weights(run / "trial-0").keys()
+    assert all(weights(run)[k].equal(weights(run / "trial-0")[k]) for k in weights(run))
+    assert (run / "README.md").read_text() == "my notes\n"  # kept, as a run keeps it
+
+
+def test_sweeps_sharing_a_storage_under_the_default_name_stay_apart(tiny_model_dir, nli_files, tmp_path):
+    """Under one fixed default name the second sweep joined the first's study: it ran nothing (the
+    study had its trial), or adopted the other's trials, and reported the other's values."""
+    config = sweep_yaml(tmp_path, LR.format(n=1))
+    storage = ["--storage", f"sqlite:///{tmp_path / 'shared.db'}"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    sweep_main(["--sweep_config", config, *storage, *tiny_args(tiny_model_dir, nli_files, first, *TRIAL)])
+    reset_accelerate()
+    other = tiny_args(tiny_model_dir, nli_files, second, *TRIAL, "--warmup_ratio", "0.5")
+    sweep_main(["--sweep_config", config, *storage, *other])
+    reset_accelerate()
+    assert report(first)["study_name"] != report(second)["study_name"]
+    for out in (first, second):
+        assert [t["folder"] for t in report(out)["trials"]] == [str(out / "trial-0")]
+        best = report(out)["best_trial"]
+        recorded = json.loads((out / "trial-0" / "results.json").read_text())
+        assert best["folder"] == str(out / "trial-0") and best["value"] == recorded[report(out)["metric"]]
+    assert json.loads((second / "trial-0" / "train_config.json").read_text())["warmup_ratio"] == 0.5
+
+
+def test_a_relaunch_with_other_training_flags_is_refused(one_trial_study, tmp_path, capsys):
+    """It joined the old study, whose best trial was then picked across trials trained differently."""
+    out, argv = in_copy(*one_trial_study, tmp_path)
+    grown = sweep_yaml(tmp_path, LR.format(n=2))
+    line = refused_cleanly(
+        [*argv[:1], grown, *argv[2:], "--warmup_ratio", "0.5"], out, "--warmup_ratio 0.5", capsys
+    )
+    recorded = json.loads((out / "study.json").read_text())["identity"]["warmup_ratio"]
+    assert f"runs with --warmup_ratio {recorded};" in line and "another --output_dir" in line
+
+
+def test_a_changed_search_space_is_refused_before_the_running_trial_is_adopted(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """A trial RUNNING under the old space, adopted under the new one, was a ValueError traceback
+    ("Cannot set different distribution kind"), and every worker stopped on it."""
+    out = tmp_path / "study"
+    argv = [
+        "--sweep_config",
+        sweep_yaml(tmp_path, LR.format(n=2)),
+        *tiny_args(tiny_model_dir, nli_files, out, *TRIAL),
+    ]
+
+    def ctrl_c(*launch):  # the worker stopped as its trial starts: the trial stays RUNNING
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep_main(argv, ctrl_c)
+    reset_accelerate()
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(LR.format(n=2).replace("{type: float, low: 1.0e-4, high: 1.0e-2, log: true}",
+                                              "{type: categorical, choices: [1.0e-3, 3.0e-3]}"))  # fmt: skip
+    line = refused_cleanly(
+        ["--sweep_config", str(changed), *argv[2:]], out, "its search space differs", capsys
+    )
+    assert "learning_rate: float 0.0001..0.01 log" in line and "categorical [0.001, 0.003]" in line
