@@ -28,8 +28,7 @@ from finetune.errors import ConfigError
 from finetune.output.lock import release_lock, take_lock
 from finetune.output.prerun import check_usable_folder, earlier_outputs, remove_earlier_run
 from finetune.studies import claims
-from finetune.studies.best_seeds import RERUN_DIR
-from finetune.studies.report import REPORT_FILE
+from finetune.studies.report import REPORT_FILE, RERUN_DIR
 from finetune.studies.storage import JOURNAL_FILE, open_study
 from finetune.studies.sweep_config import Param, SweepSpec
 from finetune.training.checkpoint import complete_checkpoints

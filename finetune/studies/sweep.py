@@ -118,7 +118,7 @@ def sweep_main(argv: list[str] | None = None, build=None) -> dict:
 def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str | None = None, storage: str | None = None,
               build=None, rerun_best_with_seeds: int = 0) -> dict:  # fmt: skip
     """Collective: this worker's part of the study; every check (metric, folder, study) before any trial;
-    then, by the one worker that finds the study finished first, the best params over fresh seeds."""
+    then, by one worker, the current best params over fresh seeds."""
     metric, greater_is_better = objective(base)
     root = Path(base.output_dir)
     if launcher_world_size() > 1:  # the group the trials' broadcasts need, before the first Accelerator
@@ -144,10 +144,14 @@ def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str | None = None,
             outcome = run_trial(base, *job, metric, trial, build)  # collective
             if study is not None:
                 report = _tell(study, trial, job[1], outcome, root, summary, spec.n_trials)
-        rerun = take_rerun(study, spec.n_trials, root, rerun_best_with_seeds) if study is not None else None
-        params = _share(rerun)
-        if params is not None:
-            report["rerun_best_with_seeds"] = rerun_best(base, params, rerun_best_with_seeds, build)
+        n_seeds = rerun_best_with_seeds
+        while True:  # until best_seeds/ holds the rerun of the best trial as the study has it now
+            rerun = _share(take_rerun(study, spec.n_trials, root, n_seeds) if study is not None else None)
+            if rerun is None:
+                break
+            rerun_best(base, rerun["params"], n_seeds, build)
+            if study is not None:
+                report = write_report(study, root, summary)  # with the rerun's figures
     finally:
         leave_process_group()
     return report

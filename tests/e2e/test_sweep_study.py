@@ -185,3 +185,50 @@ def test_a_changed_search_space_is_refused_before_the_running_trial_is_adopted(
         ["--sweep_config", str(changed), *argv[2:]], out, "its search space differs", capsys
     )
     assert "learning_rate: float 0.0001..0.01 log" in line and "categorical [0.001, 0.003]" in line
+
+
+def test_the_rerun_follows_the_best_trial_and_the_report_keeps_it(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """The study grows by a worse trial, then by a better one. Before: sweep.json lost its rerun block
+    at the next report, and a new best was never rerun, without a word."""
+    out = tmp_path / "study"
+    # Grid order for seed 0: 1e-3, then 1e-9 (learns nothing), then 1e-2, by the loss on the 64 rows
+    # each trial trains on (as in test_sweep's pruning test).
+    space = (
+        "seed: 0\nsampler: grid\nsearch_space:\n  learning_rate: {type: categorical, choices: "
+        "[1.0e-2, 1.0e-9, 1.0e-3]}\n"
+    )
+    memorized = {"train": nli_files["train"], "validation": nli_files["train"]}
+    base = tiny_args(tiny_model_dir, memorized, out, *TRIAL, "--max_eval_samples", "64",
+                     "--metric_for_best_model", "eval_loss")  # fmt: skip
+
+    def launch(n_trials: int) -> str:
+        config = sweep_yaml(tmp_path, f"n_trials: {n_trials}\n{space}")
+        capsys.readouterr()
+        assert sweep_cli(["--sweep_config", config, *base, "--rerun_best_with_seeds", "1"]) == 0
+        reset_accelerate()
+        return capsys.readouterr().out
+
+    def rerun_lr(folder) -> float:
+        return json.loads((folder / "seed-43" / "train_config.json").read_text())["learning_rate"]
+
+    launch(1)
+    assert report(out)["rerun_best_with_seeds"]["trial"] == 0 and rerun_lr(out / "best_seeds") == 1e-3
+    first = snapshot(out / "best_seeds")
+    launch(2)  # trial 1, worse: the rerun stands, and sweep.json still says so
+    assert [t["params"]["learning_rate"] for t in report(out)["trials"]] == [1e-3, 1e-9]
+    assert report(out)["best_trial"]["number"] == 0
+    assert report(out)["rerun_best_with_seeds"]["trial"] == 0 and snapshot(out / "best_seeds") == first
+    said = launch(3)  # trial 2 is the new best: rerun, the earlier rerun kept beside
+    assert (
+        report(out)["best_trial"]["number"] == 2
+        and report(out)["trials"][2]["params"]["learning_rate"] == 1e-2
+    )
+    assert (
+        "the best trial is now 2; best_seeds/ held the rerun of trial 0's params: kept as best_seeds-trial-0/"
+        in said
+    )
+    assert rerun_lr(out / "best_seeds") == 1e-2 and report(out)["rerun_best_with_seeds"]["trial"] == 2
+    assert report(out)["rerun_best_with_seeds"]["seeds"] == [43]
+    assert snapshot(out / "best_seeds-trial-0") == first
