@@ -119,6 +119,12 @@ def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str | None = None,
               build=None, rerun_best_with_seeds: int = 0) -> dict:  # fmt: skip
     """Collective: this worker's part of the study; every check (metric, folder, study) before any trial;
     then, by one worker, the current best params over fresh seeds."""
+    if base.seeds:  # a trial is one run: its value would be --seed's alone, while recorded as the seeds'
+        raise ConfigError(
+            "--seeds: a sweep trains each trial once, with --seed; drop --seeds (the best params over "
+            "fresh seeds: --rerun_best_with_seeds N)",
+            flag="--seeds",
+        )
     metric, greater_is_better = objective(base)
     root = Path(base.output_dir)
     if launcher_world_size() > 1:  # the group the trials' broadcasts need, before the first Accelerator

@@ -111,6 +111,11 @@ def _search_space(space, where: str) -> tuple[Param, ...]:
         at = f"{where}: search_space.{name}"
         if name not in fields:
             raise _bad(f"{at}: --{name} is not a training flag", "keys of search_space are the flag names")
+        if name == "seeds":  # a trial is one run, with --seed: a list of seeds would be recorded, not run
+            raise _bad(
+                f"{at}: a trial is one run, so --seeds cannot be searched",
+                "search seed instead, or rerun the best params over seeds with --rerun_best_with_seeds N",
+            )
         if name in NOT_SEARCHED:
             raise _bad(f"{at}: the sweep sets --{name} itself", f"give --{name} on the command line instead")
         if not isinstance(spec, dict):

@@ -232,3 +232,12 @@ def test_the_rerun_follows_the_best_trial_and_the_report_keeps_it(
     assert rerun_lr(out / "best_seeds") == 1e-2 and report(out)["rerun_best_with_seeds"]["trial"] == 2
     assert report(out)["rerun_best_with_seeds"]["seeds"] == [43]
     assert snapshot(out / "best_seeds-trial-0") == first
+
+
+def test_seeds_in_a_sweep_are_refused(tiny_model_dir, nli_files, tmp_path, capsys):
+    """Recorded in every trial's train_config.json ("seeds": "1,2") and ignored: each trial ran once."""
+    out = tmp_path / "study"
+    config = sweep_yaml(tmp_path, LR.format(n=1))
+    argv = ["--sweep_config", config, *tiny_args(tiny_model_dir, nli_files, out, "--seeds", "1,2")]
+    line = refused_cleanly(argv, out, "--seeds: a sweep trains each trial once", capsys)
+    assert "--rerun_best_with_seeds" in line and not out.exists()
