@@ -57,24 +57,7 @@ def check_output_dir(config: TrainConfig, resuming: bool, identity: dict) -> Non
     an earlier run's outputs or another model's files (an unfinished start of this very run, the same
     `identity`, starts over)."""
     output_dir = Path(config.output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise ConfigError(f"--output_dir {output_dir} is a file; give a folder path")
-    model = Path(config.model_name_or_path)
-    if model.is_dir() and output_dir.is_dir() and model.resolve().is_relative_to(output_dir.resolve()):
-        where = "is" if model.resolve() == output_dir.resolve() else "holds"
-        raise ConfigError(
-            f"--output_dir {output_dir} {where} the --model_name_or_path folder: this run would write over "
-            "the model it reads and its run record; choose another --output_dir"
-        )
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / f".write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        raise ConfigError(
-            f"--output_dir {output_dir}: cannot write there ({error.strerror}); choose a writable folder"
-        ) from None
+    check_usable_folder(output_dir, config.model_name_or_path)
     overwrite = config.overwrite_output_dir
     if (output_dir / "results.json").exists() and not (overwrite or resuming):
         raise ConfigError(
@@ -95,6 +78,29 @@ def check_output_dir(config: TrainConfig, resuming: bool, identity: dict) -> Non
             f"({', '.join(replaced)}) that this run would replace; choose another folder, or pass "
             "--overwrite_output_dir to replace them"
         )
+
+
+def check_usable_folder(output_dir: Path, model_name_or_path: str) -> None:
+    """A folder (made if missing) this process can write to, and not the model's own folder or one
+    holding it (a run's, or a study's: its exported model would be written over the model read)."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"--output_dir {output_dir} is a file; give a folder path")
+    model = Path(model_name_or_path)
+    if model.is_dir() and output_dir.is_dir() and model.resolve().is_relative_to(output_dir.resolve()):
+        where = "is" if model.resolve() == output_dir.resolve() else "holds"
+        raise ConfigError(
+            f"--output_dir {output_dir} {where} the --model_name_or_path folder: this run would write over "
+            "the model it reads and its run record; choose another --output_dir"
+        )
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise ConfigError(
+            f"--output_dir {output_dir}: cannot write there ({error.strerror}); choose a writable folder"
+        ) from None
 
 
 def earlier_outputs(output_dir: Path) -> list[str]:

@@ -1,5 +1,7 @@
 """What a sweep leaves in its output folder, written by a worker's rank 0 from the study's storage (so it
-lists every worker's trials): sweep.json, two charts, and the best trial's model at the root."""
+lists every worker's trials): sweep.json, two charts, and the best trial's model at the root; sweep.json
+also carries the rerun of the best trial's params (`--rerun_best_with_seeds`, in best_seeds/), read back
+from that folder each time the file is rewritten."""
 
 from __future__ import annotations
 
@@ -12,12 +14,17 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
+from finetune.output.card import is_model_card
 from finetune.output.prerun import MODEL_FILES
+from finetune.studies.seeds import SUMMARY_FILE
 
 REPORT_FILE = "sweep.json"
 HISTORY_PLOT = "sweep_history.png"
 PARAMS_PLOT = "sweep_params.png"
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+RERUN_DIR = "best_seeds"
+RERUN_RECORD = "rerun.json"
+"""In best_seeds/: the trial whose params it reruns (its number and params), written when it starts."""
 
 
 def trial_folder(root: Path, number: int) -> Path:
@@ -53,12 +60,16 @@ def best_of(study: optuna.Study, root: Path) -> dict | None:
 def write_report(study: optuna.Study, root: Path, summary: dict) -> dict:
     """sweep.json, rewritten whole (a temporary file, then os.replace: readers never see half of it)."""
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    best = best_of(study, root)
     report = {
         **summary,
         "trials": describe_trials(study, root),
-        "best_trial": best_of(study, root),
+        "best_trial": best,
         "param_importances": _importances(study) if len(complete) >= 2 else None,
     }
+    rerun = rerun_block(root)
+    if rerun is not None and best is not None and rerun["trial"] == best["number"]:  # only the current best's
+        report["rerun_best_with_seeds"] = rerun
     _replace_text(Path(root) / REPORT_FILE, json.dumps(report, indent=2))
     draw_charts(study, Path(root))
     return report
@@ -72,12 +83,30 @@ def export_best(study: optuna.Study, root: Path) -> int | None:
         return None
     source = Path(best["folder"])
     names = [p.name for p in source.glob("model*.safetensors")] + [*MODEL_FILES, "README.md"]
+    card = Path(root) / "README.md"
+    if card.exists() and not (card.is_file() and is_model_card(card)):  # the user's, as a run keeps it
+        print(f"{card} is not a model card of finetune's: kept as it is, the best trial's card not copied")
+        names.remove("README.md")
     for name in names:
         if (source / name).is_file():
             temporary = Path(root) / f".{name}.copying"
             shutil.copy2(source / name, temporary)
             os.replace(temporary, Path(root) / name)
     return best["number"]
+
+
+def rerun_block(root: Path) -> dict | None:
+    """sweep.json's `rerun_best_with_seeds`: the finished rerun in best_seeds/ (its trial, params, seeds
+    and the metric's figures over them); None before it has finished."""
+    folder = Path(root) / RERUN_DIR
+    try:
+        rerun = json.loads((folder / RERUN_RECORD).read_text())
+        summary = json.loads((folder / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    key = summary["metric_for_best_model"]
+    return {"folder": RERUN_DIR, "trial": rerun["trial"], "params": rerun["params"],
+            "seeds": summary["seeds"], key: summary["metrics"].get(key)}  # fmt: skip
 
 
 def draw_charts(study: optuna.Study, root: Path) -> None:

@@ -38,7 +38,7 @@ def run_seeds(config: TrainConfig, build=None) -> dict:
     """Collective: the run `config` describes once per seed of --seeds, in the order given; then rank 0
     writes the summary, the study card and the curves. Returns the summary."""
     output_dir = Path(config.output_dir)
-    refuse_single_run_folder(output_dir)
+    refuse_single_run_folder(output_dir, config.overwrite_output_dir)
     results = {}
     try:
         for seed in config.seed_list:
@@ -72,9 +72,11 @@ def seed_config(config: TrainConfig, seed: int) -> TrainConfig:
     )
 
 
-def refuse_single_run_folder(output_dir: Path) -> None:
+def refuse_single_run_folder(output_dir: Path, overwrite: bool = False) -> None:
     """The seeds' folder holds seed-<s>/ folders and the summary: a single run's outputs there (its
-    results.json, model card) would be mixed with them, so such a folder is refused before anything runs."""
+    results.json, model card) would be mixed with them, and a summary.json or seed_curves.png that a
+    seeds study of finetune's did not write would be replaced; such a folder is refused before anything
+    runs (the files of yours: unless --overwrite_output_dir)."""
     card = output_dir / "README.md"
     ours = card.is_file() and STUDY_CARD_MARK in card.read_text(errors="replace")
     if (output_dir / "results.json").exists() or (card.exists() and not ours):
@@ -88,6 +90,25 @@ def refuse_single_run_folder(output_dir: Path) -> None:
             "seed-<s>/ folders and a summary)",
             flag="--output_dir",
         )
+    summary_ours = _is_summary(output_dir / SUMMARY_FILE)
+    # The curves are drawn after the summary: beside no summary of ours, they are not ours either.
+    others = [n for n in (SUMMARY_FILE, CURVES_FILE) if (output_dir / n).exists() and not summary_ours]
+    if others and not overwrite:
+        raise ConfigError(
+            f"--output_dir {output_dir} holds {' and '.join(others)}, not a seeds study's of finetune's, "
+            "which --seeds would replace; choose another folder, or pass --overwrite_output_dir to replace "
+            "them",
+            flag="--output_dir",
+        )
+
+
+def _is_summary(path: Path) -> bool:
+    """A summary.json `run_seeds` wrote (its keys), not a file of the user's."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and {"seeds", "folders", "metrics"} <= set(summary)
 
 
 def summarize(results: dict[int, dict], config: TrainConfig) -> dict:

@@ -2,7 +2,8 @@
 (also `python -m finetune.sweep`, `accelerate launch finetune/sweep.py`, `torchrun`). See docs/sweeps.md.
 
 Workers. The same command started N times (processes, Slurm array tasks, nodes) is N workers of one
-study (Optuna storage: a journal file in --output_dir by default, or --storage URL). A worker loops:
+study (Optuna storage: a journal file in --output_dir by default, or --storage URL; studies/joining.py
+checks that the folder and the storage hold this study and nothing else). A worker loops:
 look for a trial (under a flock of the output folder, so two workers never take the same one), run it
 as an ordinary run in `<output_dir>/trial-<n>/`, tell the study; it stops once the study holds n_trials
 finished trials (complete, pruned, failed), or every one left is running in another worker.
@@ -31,7 +32,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import optuna
@@ -49,17 +49,16 @@ from finetune.output.tracking import trackers_for
 from finetune.run import run_config, setup
 from finetune.studies import claims
 from finetune.studies.best_seeds import rerun_best, take_rerun
+from finetune.studies.joining import join_study
 from finetune.studies.report import FINISHED, export_best, trial_folder, write_report
-from finetune.studies.sweep_config import Param, SweepSpec, grid_of, read_sweep_config
+from finetune.studies.storage import JOURNAL_FILE, sampler_for
+from finetune.studies.sweep_config import Param, SweepSpec, read_sweep_config
 
 SWEEP_USAGE = """usage: finetune/sweep.py --sweep_config SWEEP.yaml [sweep flags] [training flags]
 
 An Optuna study whose trials are finetune runs (docs/sweeps.md); every other flag is a training flag,
 shared by every trial (listed below the sweep's own).
 """
-DEFAULT_STUDY = "finetune-sweep"
-"""One fixed name, so N identical commands share one study."""
-JOURNAL_FILE = "optuna-journal.log"
 
 
 def sweep_cli(argv: list[str] | None = None, build=None) -> int:
@@ -98,7 +97,7 @@ def sweep_main(argv: list[str] | None = None, build=None) -> dict:
         prog="finetune/sweep.py", allow_abbrev=False, add_help=False, usage=SWEEP_USAGE.splitlines()[0]
     )
     parser.add_argument("--sweep_config", help="the sweep's YAML: search space, n_trials, sampler, pruner")
-    parser.add_argument("--study_name", default=DEFAULT_STUDY, help="the study to create or join")
+    parser.add_argument("--study_name", help="the study to create or join; default: one per settings")
     parser.add_argument("--storage", default=None, help="an Optuna storage URL; default: a journal file")
     parser.add_argument("--rerun_best_with_seeds", type=int, default=0, help="the best params over N seeds")
     options, training_argv = parser.parse_known_args(argv)
@@ -116,10 +115,16 @@ def sweep_main(argv: list[str] | None = None, build=None) -> dict:
     return run_sweep(base, spec, options.study_name, options.storage, build, options.rerun_best_with_seeds)
 
 
-def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str = DEFAULT_STUDY, storage: str | None = None,
+def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str | None = None, storage: str | None = None,
               build=None, rerun_best_with_seeds: int = 0) -> dict:  # fmt: skip
-    """Collective: this worker's part of the study; every check (metric, study) before any trial; then,
-    by the one worker that finds the study finished first, the best params over fresh seeds."""
+    """Collective: this worker's part of the study; every check (metric, folder, study) before any trial;
+    then, by one worker, the current best params over fresh seeds."""
+    if base.seeds:  # a trial is one run: its value would be --seed's alone, while recorded as the seeds'
+        raise ConfigError(
+            "--seeds: a sweep trains each trial once, with --seed; drop --seeds (the best params over "
+            "fresh seeds: --rerun_best_with_seeds N)",
+            flag="--seeds",
+        )
     metric, greater_is_better = objective(base)
     root = Path(base.output_dir)
     if launcher_world_size() > 1:  # the group the trials' broadcasts need, before the first Accelerator
@@ -127,7 +132,9 @@ def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str = DEFAULT_STUD
 
         PartialState(cpu=not torch.cuda.is_available())
     direction = "maximize" if greater_is_better else "minimize"
-    study = _on_rank_zero(lambda: open_study(spec, study_name, storage, direction, root))
+    joined = _on_rank_zero(lambda: join_study(base, spec, study_name, storage, metric, direction))
+    study = joined[0] if joined is not None else None
+    study_name = _share(joined[1] if joined is not None else None)
     if "wandb" in trackers_for(base.report_to):
         os.environ.setdefault("WANDB_RUN_GROUP", study_name)  # one W&B group per study, one run per trial
     summary = {"study_name": study_name, "storage": storage or str(root / JOURNAL_FILE), "metric": metric,
@@ -143,10 +150,14 @@ def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str = DEFAULT_STUD
             outcome = run_trial(base, *job, metric, trial, build)  # collective
             if study is not None:
                 report = _tell(study, trial, job[1], outcome, root, summary, spec.n_trials)
-        rerun = take_rerun(study, spec.n_trials, root, rerun_best_with_seeds) if study is not None else None
-        params = _share(rerun)
-        if params is not None:
-            report["rerun_best_with_seeds"] = rerun_best(base, params, rerun_best_with_seeds, build)
+        n_seeds = rerun_best_with_seeds
+        while True:  # until best_seeds/ holds the rerun of the best trial as the study has it now
+            rerun = _share(take_rerun(study, spec.n_trials, root, n_seeds) if study is not None else None)
+            if rerun is None:
+                break
+            rerun_best(base, rerun["params"], n_seeds, build)
+            if study is not None:
+                report = write_report(study, root, summary)  # with the rerun's figures
     finally:
         leave_process_group()
     return report
@@ -164,69 +175,6 @@ def objective(base: TrainConfig) -> tuple[str, bool]:
     task, splits = load_splits(base)
     chosen = choose_metric(base, task, splits)
     return chosen["metric_for_best_model"], chosen["greater_is_better"]
-
-
-def open_study(spec: SweepSpec, name: str, storage: str | None, direction: str, root: Path) -> optuna.Study:
-    """Creates the study or joins it (same name, same storage); refuses one that optimizes the other way."""
-    if storage is None:
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        root.mkdir(parents=True, exist_ok=True)
-        storage = JournalStorage(JournalFileBackend(str(root / JOURNAL_FILE)))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per trial is ours to print
-    for attempt in range(5):
-        try:
-            study = optuna.create_study(
-                study_name=name,
-                storage=storage,
-                sampler=sampler_for(spec),
-                pruner=pruner_for(spec),
-                direction=direction,
-                load_if_exists=True,
-            )
-            break
-        except (ValueError, ImportError, optuna.exceptions.StorageInternalError) as error:
-            raise ConfigError(
-                f"--storage {storage}: Optuna cannot open it ({error}); give a URL such as "
-                "sqlite:///sweep.db, or leave --storage out for a journal file",
-                flag="--storage",
-            ) from None
-        except Exception as error:
-            # Workers started together on a new database race to create its tables or the study
-            # (SQLAlchemy's OperationalError "table studies already exists", IntegrityError): the
-            # loser tries again and joins what the winner made.
-            if attempt == 4 or type(error).__name__ not in ("OperationalError", "IntegrityError"):
-                raise
-            time.sleep(0.5 * (attempt + 1))
-    if study.direction.name.lower() != direction:
-        raise ConfigError(
-            f"--study_name {name}: that study is to {study.direction.name.lower()}, this sweep's metric is "
-            f"to {direction} (--metric_for_best_model / --greater_is_better); use another --study_name",
-            flag="--study_name",
-        )
-    return study
-
-
-def sampler_for(spec: SweepSpec, trial_number: int | None = None) -> optuna.samplers.BaseSampler:
-    """Optuna's sampler. tpe and random are seeded by (seed, trial number): workers asking at the same
-    moment draw different params, and one worker's study is reproducible."""
-    if spec.sampler == "grid":
-        return optuna.samplers.GridSampler({p.name: grid_of(p) for p in spec.search_space}, seed=spec.seed)
-    seed = None if spec.seed is None else spec.seed + 1_000_003 * (trial_number or 0)
-    return (
-        optuna.samplers.TPESampler(seed=seed)
-        if spec.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed)
-    )
-
-
-def pruner_for(spec: SweepSpec) -> optuna.pruners.BasePruner:
-    if spec.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=spec.pruner_startup_trials)
-    if spec.pruner == "hyperband":
-        return optuna.pruners.HyperbandPruner()
-    return optuna.pruners.NopPruner()
 
 
 def suggest(trial: optuna.Trial, param: Param):
@@ -307,9 +255,10 @@ def trial_config(base: TrainConfig, params: dict, folder: Path, number: int) -> 
     """The base flags with the trial's params, in its folder, resuming whatever a killed worker left.
     A bad value is the ConfigError of the run's own checks (the trial fails, the sweep goes on)."""
     named = {"run_name": f"{base.run_name or 'trial'}-{number}"} if base.report_to != "none" else {}
-    config = dataclasses.replace(
-        base, **params, **named, output_dir=str(folder), resume_from_checkpoint="auto"
-    )
+    # --overwrite_output_dir is the sweep's, for its own folder: a trial's folder is the study's, and a
+    # finished trial relaunched is read back, never trained again.
+    config = dataclasses.replace(base, **params, **named, output_dir=str(folder),
+                                 resume_from_checkpoint="auto", overwrite_output_dir=False)  # fmt: skip
     # The model card's command: the flags given plus the trial's.
     object.__setattr__(config, "user_flags", {**getattr(base, "user_flags", {}), **params})
     return config

@@ -49,6 +49,8 @@ class SweepSpec:
     pruner_startup_trials: int = 5
     """median: trials that finish before any is pruned (Optuna's n_startup_trials)."""
     search_space: tuple[Param, ...] = ()
+    path: str | None = dataclasses.field(default=None, compare=False)
+    """The YAML file it was read from, for messages."""
 
 
 def read_sweep_config(path: str) -> SweepSpec:
@@ -80,6 +82,7 @@ def read_sweep_config(path: str) -> SweepSpec:
             values.get("pruner_startup_trials", 5), f"{where}: pruner_startup_trials"
         ),
         search_space=_search_space(values.get("search_space"), where),
+        path=path,
     )
     if spec.sampler == "grid":
         floats = [p.name for p in spec.search_space if p.type == "float"]
@@ -108,6 +111,11 @@ def _search_space(space, where: str) -> tuple[Param, ...]:
         at = f"{where}: search_space.{name}"
         if name not in fields:
             raise _bad(f"{at}: --{name} is not a training flag", "keys of search_space are the flag names")
+        if name == "seeds":  # a trial is one run, with --seed: a list of seeds would be recorded, not run
+            raise _bad(
+                f"{at}: a trial is one run, so --seeds cannot be searched",
+                "search seed instead, or rerun the best params over seeds with --rerun_best_with_seeds N",
+            )
         if name in NOT_SEARCHED:
             raise _bad(f"{at}: the sweep sets --{name} itself", f"give --{name} on the command line instead")
         if not isinstance(spec, dict):

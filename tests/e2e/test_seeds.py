@@ -135,6 +135,24 @@ def test_bad_seeds_and_a_single_runs_folder_are_refused(tiny_model_dir, nli_file
     assert refused.value.flag == "--seeds" and not (tmp_path / "x").exists()
 
 
+def test_a_summary_or_curves_of_the_users_are_refused_unless_overwritten(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """--seeds wrote over a summary.json and seed_curves.png of the user's without a word."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "summary.json").write_text('{"my": "numbers"}')
+    (out / "seed_curves.png").write_bytes(b"my figure")
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2", "--seeds", "1")
+    line = fails_cleanly(args, out, "holds summary.json and seed_curves.png", capsys, exit_code=2)
+    assert "--overwrite_output_dir" in line
+    main([*args, "--overwrite_output_dir"])  # asked for: replaced
+    reset_accelerate()
+    assert json.loads((out / "summary.json").read_text())["seeds"] == [1]
+    main([*args, "--resume_from_checkpoint", "auto"])  # the study's own summary: relaunched freely
+    reset_accelerate()
+
+
 @pytest.mark.multiprocess
 def test_two_processes_train_every_seed(tiny_model_dir, nli_files, tmp_path):
     out = tmp_path / "study"

@@ -151,7 +151,8 @@ def test_sweep_array_workers_complete_a_study_each_trial_once(
     assert sorted(t["NodeList"] for t in tasks) == ["n1", "n2"]
 
     storage = optuna.storages.JournalStorage(JournalFileBackend(str(out / "optuna-journal.log")))
-    trials = optuna.load_study(study_name="finetune-sweep", storage=storage).get_trials()
+    name = json.loads((out / "sweep.json").read_text())["study_name"]  # finetune-sweep-<its digest>
+    trials = optuna.load_study(study_name=name, storage=storage).get_trials()
     assert sorted(t.number for t in trials) == [0, 1, 2, 3]  # none asked twice
     assert {t.state for t in trials} == {optuna.trial.TrialState.COMPLETE}
     assert len({t.params["learning_rate"] for t in trials}) == 4

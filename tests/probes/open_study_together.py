@@ -5,7 +5,7 @@ import sys
 import time
 from pathlib import Path
 
-from finetune.studies.sweep import open_study
+from finetune.studies.storage import open_study
 from finetune.studies.sweep_config import Param, SweepSpec
 
 storage, ready, start = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])

@@ -49,6 +49,12 @@ BAD = {
     "float for an int flag": ("type: int, low: 1", "type: float, low: 1", "is not a float flag"),
     "empty choices": ("choices: [16, 32]", "choices: []", "choices must be a non-empty list"),
     "flag the sweep sets": ("warmup_ratio:", "output_dir:", "the sweep sets --output_dir itself"),
+    # recorded in each trial's train_config.json and ignored: a trial is one run, with --seed
+    "seeds searched": (
+        "warmup_ratio: {type: float, low: 0.0, high: 0.2}",
+        'seeds: {type: categorical, choices: ["1,2", "3,4"]}',
+        "--seeds cannot be searched",
+    ),
     "grid over a float range": ("sampler: tpe", "sampler: grid", "sampler grid needs finite choices"),
     "not a number": ("high: 0.2", "high: lots", "high must be a number"),
     # choices the flag cannot take: each trial that drew one crashed, and so did every worker adopting it
@@ -98,7 +104,7 @@ def test_help_lists_the_sweeps_flags_then_the_training_flags(capsys):
     ],
 )
 def test_each_sampler_and_pruner_is_optunas_own(sampler, pruner, classes, tmp_path):
-    from finetune.studies.sweep import pruner_for, sampler_for
+    from finetune.studies.storage import pruner_for, sampler_for
 
     text = GOOD.replace("sampler: tpe", f"sampler: {sampler}").replace("pruner: median", f"pruner: {pruner}")
     if sampler == "grid":  # a grid takes categorical and int parameters only
