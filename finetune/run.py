@@ -24,7 +24,7 @@ from finetune.data.tokenization import tokenize_splits
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
 from finetune.distributed.ranks import launcher_rank, launcher_world_size, replicas_identical
 from finetune.distributed.signals import StopSignals, only_noted
-from finetune.errors import StoppedAfterFinish, TrainingFailed, TrainingInterrupted
+from finetune.errors import Stopped, StoppedAfterFinish, TrainingFailed, TrainingInterrupted
 from finetune.model.build import build_model
 from finetune.model.flops import flops_per_token
 from finetune.model.lora import describe_parameters, parameter_counts
@@ -35,6 +35,7 @@ from finetune.output.export import export_model, push_to_hub
 from finetune.output.lock import release_lock, take_lock
 from finetune.output.plots import CONFUSION_FILE, CURVES_FILE, plot_confusion_matrix, plot_training_curves
 from finetune.output.prerun import check_output_dir, finished_run, remove_earlier_run
+from finetune.output.summary import run_summary
 from finetune.output.tracking import MetricsLog, start_trackers, trackers_for, wandb_offline_notice
 from finetune.output.writing import writing
 from finetune.speed.attention import varlen_position_offset
@@ -44,11 +45,7 @@ from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
 from finetune.training.best import training_outcome, use_best_model
 from finetune.training.calibrate import calibrate_model, check_calibration
-from finetune.training.checkpoint import (
-    TrainState,
-    load_checkpoint,
-    resolve_resume,
-)
+from finetune.training.checkpoint import TrainState, load_checkpoint, remove_export_checkpoint, resolve_resume
 from finetune.training.evaluation import evaluate_splits, load_metric, predict
 from finetune.training.loop import Run, train
 from finetune.training.meter import model_flops_utilization
@@ -268,6 +265,8 @@ def execute(run: Run) -> dict:
             ) from None
         finally:
             stop.restore()
+        if stop.received:  # after training's last check: stopped before the export, its checkpoint kept
+            raise Stopped(stop.received)
         exported = use_best_model(run)  # collective: the evaluation of the model exported below
         calibration = calibrate_model(run) if config.calibrate != "none" else {}  # collective
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
@@ -328,6 +327,7 @@ def execute(run: Run) -> dict:
         # Last: results.json marks a finished run.
         with writing("results.json", output_dir):
             (output_dir / "results.json").write_text(json.dumps(results, indent=2))
+        remove_export_checkpoint(config.output_dir, state)
         print(json.dumps(results, indent=2))
         written = ["model, tokenizer, README.md (model card), training_curves.png"] if config.do_train else []
         written += ["predictions.jsonl"] if predictions is not None else []
@@ -357,30 +357,3 @@ def close(run: Run, keep_process_group: bool = False) -> None:
     else:
         accelerator.end_training()  # the trackers, then the process group
     release_lock(run.config.output_dir)
-
-
-def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:
-    """One line, printed once by the main process: what this job really got, every speed path named."""
-    job = (
-        f"world_size={accelerator.num_processes} device={accelerator.device} "
-        f"mixed_precision={accelerator.mixed_precision} "
-    )
-    weights = f"torch_dtype={config.torch_dtype} attn_implementation={config.attn_implementation}"
-    if not config.do_train:
-        return job + (
-            f"evaluation only: per_device_eval_batch={config.per_device_eval_batch_size} "
-            f"padding_free={config.padding_free} pad_to_multiple_of={config.pad_to_multiple_of} "
-            f"torch_compile={str(config.torch_compile).lower()} {weights}"
-        )
-    line = job + (
-        f"per_device_batch={config.per_device_train_batch_size} global_batch={plan.global_batch_size} "
-        f"steps={plan.total_updates} "
-        f"(warmup {plan.warmup_updates}, {plan.updates_per_epoch}/epoch) "
-        f"dropout_kernel={config.dropout_kernel} padding_free={config.padding_free} "
-        f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
-        f"cuda_graphs={config.cuda_graphs} "
-        f"pad_to_multiple_of={config.pad_to_multiple_of} "
-        f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
-        f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
-    )
-    return line + (f" resuming from {resume} at step {global_step}" if resume else "")
