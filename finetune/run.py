@@ -148,9 +148,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     parameters = parameter_counts(model)  # before prepare: FSDP shards them
     on_gpu = accelerator.device.type == "cuda"
     weigh_documents = args.window_loss_weighting == "document"
-    tokenized = tokenize_splits(
-        task, splits, tokenizer, args.max_length, accelerator, args.window_stride, weigh_documents
-    )
+    tokenized = tokenize_splits(task, splits, tokenizer, args.max_length, accelerator, args.window_stride,
+                                weigh_documents, default_stride=args.doc_stride is None)  # fmt: skip
     batch = {k: getattr(args, k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps")}
     batch_notice = None
     if args.auto_find_batch_size and args.do_train:  # collective; sets the batch before the loaders
