@@ -57,9 +57,9 @@ class Run:
     meter: _Meter | None = None
     """Set by train(): the open logging window and this segment's clock; a checkpoint keeps both."""
     graphs: GraphedSteps | None = None
+    """--cuda_graphs: the micro-batches' forward and backward, replayed per shape (None: eager)."""
     saved_step: int | None = None
     """Set by train(): the step of the newest checkpoint this run wrote or was resumed from."""
-    """--cuda_graphs: the micro-batches' forward and backward, replayed per shape (None: eager)."""
     on_evaluation: Callable[[int, dict], bool] | None = None
     """Set by a caller's `build` hook (a sweep's trial, to prune): called on every rank with (step,
     evaluation) after each evaluation during training; True stops training there, as early stopping
