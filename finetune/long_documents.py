@@ -32,10 +32,11 @@ def score_document(
     train_config.json records its training, else --max_length 128, a quarter of it as stride, mean."""
     model, tokenizer, recorded = _load(model_or_folder, tokenizer)
     max_length = max_length or recorded.get("max_length") or 128
+    default_stride = not (doc_stride or recorded.get("doc_stride"))
     doc_stride = doc_stride or recorded.get("doc_stride") or max_length // 4
     aggregation = aggregation or recorded.get("window_aggregation") or "mean"
     texts = [[text]] if text_pair is None else [[text], [text_pair]]
-    encoded = encode_windows(tokenizer, texts, max_length, doc_stride)
+    encoded = encode_windows(tokenizer, texts, max_length, doc_stride, default_stride)
     keep = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in encoded]
     device = next(model.parameters()).device
     logits = []

@@ -24,7 +24,7 @@ from finetune.data.tokenization import tokenize_splits
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
 from finetune.distributed.ranks import launcher_rank, launcher_world_size, replicas_identical
 from finetune.distributed.signals import StopSignals, only_noted
-from finetune.errors import StoppedAfterFinish, TrainingFailed, TrainingInterrupted
+from finetune.errors import Stopped, StoppedAfterFinish, TrainingFailed, TrainingInterrupted
 from finetune.hub import check_model_source
 from finetune.model.build import build_model
 from finetune.model.flops import flops_per_token
@@ -58,11 +58,7 @@ from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
 from finetune.training.best import training_outcome, use_best_model
 from finetune.training.calibrate import calibrate_model, check_calibration
-from finetune.training.checkpoint import (
-    TrainState,
-    load_checkpoint,
-    resolve_resume,
-)
+from finetune.training.checkpoint import TrainState, load_checkpoint, remove_export_checkpoint, resolve_resume
 from finetune.training.evaluation import evaluate_splits, load_metric, predict
 from finetune.training.loop import Run, train
 from finetune.training.meter import model_flops_utilization
@@ -175,9 +171,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     parameters = parameter_counts(model)  # before prepare: FSDP shards them
     on_gpu = accelerator.device.type == "cuda"
     weigh_documents = args.window_loss_weighting == "document"
-    tokenized = tokenize_splits(
-        task, splits, tokenizer, args.max_length, accelerator, args.window_stride, weigh_documents
-    )
+    tokenized = tokenize_splits(task, splits, tokenizer, args.max_length, accelerator, args.window_stride,
+                                weigh_documents, default_stride=args.doc_stride is None)  # fmt: skip
     batch = {k: getattr(args, k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps")}
     batch_notice = None
     if args.auto_find_batch_size and args.do_train:  # collective; sets the batch before the loaders
@@ -297,6 +292,8 @@ def execute(run: Run) -> dict:
             ) from None
         finally:
             stop.restore()
+        if stop.received:  # after training's last check: stopped before the export, its checkpoint kept
+            raise Stopped(stop.received)
         exported = use_best_model(run)  # collective: the evaluation of the model exported below
         calibration = calibrate_model(run) if config.calibrate != "none" else {}  # collective
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
@@ -358,6 +355,7 @@ def execute(run: Run) -> dict:
         # Last: results.json marks a finished run.
         with writing("results.json", output_dir):
             (output_dir / "results.json").write_text(json.dumps(results, indent=2))
+        remove_export_checkpoint(config.output_dir, state)
         if summary := results_summary(results, task):
             print(summary)
         written = ["model, tokenizer, README.md (model card), training_curves.png"] if config.do_train else []

@@ -26,13 +26,15 @@ def tokenize_splits(
     accelerator,
     doc_stride: int | None = None,
     weigh_documents: bool = False,
+    default_stride: bool = False,
 ) -> dict[str, Dataset]:
     """Collective (rank 0 tokenizes first): token ids plus a `length` column (test: the `row` number
     instead of labels); cached by `datasets`, so a second run skips the work.
 
     `doc_stride` (--long_documents sliding_window): long texts become overlapping windows, each with its
     row's label; evaluation and test windows also carry their row's number as `doc`. `weigh_documents`
-    (--window_loss_weighting document): training windows carry `weight`, 1 / their document's windows."""
+    (--window_loss_weighting document): training windows carry `weight`, 1 / their document's windows.
+    `default_stride`: --doc_stride was not given (a quarter of `max_length`), for the refusals' fixes."""
 
     def encode(batch, rows, name):
         texts = [[str(t) if t is not None else "" for t in batch[c]] for c in task.text_columns]
@@ -40,7 +42,7 @@ def tokenize_splits(
             encoded = tokenizer(*texts, truncation=True, max_length=max_length)
             source = list(range(len(rows)))
         else:
-            encoded = encode_windows(tokenizer, texts, max_length, doc_stride)
+            encoded = encode_windows(tokenizer, texts, max_length, doc_stride, default_stride)
             source = encoded.pop("doc")
             if name != "train":  # training takes each window as one example; the others score documents
                 encoded["doc"] = [rows[i] for i in source]

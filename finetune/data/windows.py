@@ -12,9 +12,12 @@ import torch
 from finetune.errors import ConfigError
 
 
-def check_room(tokenizer, seconds: list[str] | None, max_length: int, doc_stride: int) -> None:
+def check_room(
+    tokenizer, seconds: list[str] | None, max_length: int, doc_stride: int, default_stride: bool = False
+) -> None:
     """Refuses windows that cannot hold any of the text, or a stride that leaves them no progress:
-    `seconds`, a pair's second texts (None: single texts)."""
+    `seconds`, a pair's second texts (None: single texts); `default_stride`: --doc_stride was not given,
+    so it is a quarter of --max_length. A --max_length named in a fix passes both checks."""
     if not getattr(tokenizer, "is_fast", False):
         raise ConfigError(
             "--long_documents sliding_window windows with a fast tokenizer's overflowing tokens; this "
@@ -22,32 +25,54 @@ def check_room(tokenizer, seconds: list[str] | None, max_length: int, doc_stride
             flag="--long_documents",
             fix="use --long_documents truncate, or a model with a fast tokenizer",
         )
-    room = max_length - tokenizer.num_special_tokens_to_add(pair=seconds is not None)
-    if seconds:
-        longest = max(len(ids) for ids in tokenizer(seconds, add_special_tokens=False)["input_ids"])
-        room -= longest
-        if room <= 0:
-            raise ConfigError(
-                f"--long_documents sliding_window keeps a pair's second text whole in every window, and one "
-                f"is {longest} tokens: no room is left in --max_length {max_length} for the first text; "
-                f"raise --max_length above {max_length - room}, or shorten the second texts",
-                flag="--max_length",
-                fix=f"raise --max_length above {max_length - room}, or shorten the second texts",
-            )
-    if doc_stride >= room:
+    taken = tokenizer.num_special_tokens_to_add(pair=seconds is not None)
+    longest = (
+        max(len(ids) for ids in tokenizer(seconds, add_special_tokens=False)["input_ids"]) if seconds else 0
+    )
+    room = max_length - taken - longest
+    if doc_stride < room:  # a stride is never negative: room for some of the text too
+        return
+    enough = f"--max_length {smallest_max_length(taken + longest, doc_stride, default_stride)} or more"
+    if seconds and room <= 0:
         raise ConfigError(
-            f"--doc_stride {doc_stride} must be less than the {room} tokens a window holds of the text "
-            f"(--max_length {max_length} less special tokens{' and the second text' if seconds else ''})",
-            flag="--doc_stride",
-            fix=f"--doc_stride below {room}, e.g. {max(room // 4, 1)}",
+            f"--long_documents sliding_window keeps a pair's second text whole in every window, and one "
+            f"is {longest} tokens: no room is left in --max_length {max_length} for the first text; "
+            f"{enough}, or shorten the second texts",
+            flag="--max_length",
         )
+    holds = f"the {room} tokens a window holds of the text (--max_length {max_length} less special tokens"
+    holds += " and the second text)" if seconds else ")"
+    strides = f", or a --doc_stride below {room}, e.g. {max(room // 4, 1)}" if room > 1 else ""
+    if default_stride:  # the user gave no --doc_stride: the fix is --max_length first
+        raise ConfigError(
+            f"the default --doc_stride {doc_stride} (a quarter of --max_length) is not less than {holds}; "
+            f"{enough}{strides}",
+            flag="--max_length",
+        )
+    raise ConfigError(
+        f"--doc_stride {doc_stride} must be less than {holds}; "
+        + (f"--doc_stride below {room}, e.g. {max(room // 4, 1)}, or {enough}" if room > 1 else enough),
+        flag="--doc_stride",
+    )
 
 
-def encode_windows(tokenizer, texts: list[list[str]], max_length: int, doc_stride: int) -> dict:
+def smallest_max_length(taken: int, doc_stride: int, default_stride: bool) -> int:
+    """The smallest --max_length that leaves a window more of the text than the stride: `taken` tokens
+    (special tokens, a pair's longest second text) aside; a default stride grows with it."""
+    length = taken + 1
+    while length - taken <= (length // 4 if default_stride else doc_stride):
+        length += 1
+    return length
+
+
+def encode_windows(
+    tokenizer, texts: list[list[str]], max_length: int, doc_stride: int, default_stride: bool = False
+) -> dict:
     """The windows of a batch of texts (one column, or two for pairs): the tokenizer's encoding plus
-    `doc`, the position in `texts` each window comes from (windows of a document are consecutive)."""
+    `doc`, the position in `texts` each window comes from (windows of a document are consecutive).
+    `default_stride`: for check_room's fixes."""
     pair = len(texts) == 2
-    check_room(tokenizer, texts[1] if pair else None, max_length, doc_stride)
+    check_room(tokenizer, texts[1] if pair else None, max_length, doc_stride, default_stride)
     encoded = tokenizer(
         *texts,
         truncation="only_first" if pair else True,

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import fcntl
 import ipaddress
+import math
 import os
 import re
 import socket
@@ -32,10 +33,43 @@ from finetune.errors import ConfigError
 
 HELLO = "finetune-preflight"
 ACK_WITHIN = 5.0  # seconds: the main machine's preflight answers a hello at once
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a week; far above it a socket's timeout overflows
+
+
+def _port_in_use(port: int) -> ConfigError:
+    return ConfigError(
+        f"main_process_port {port} is in use on the main machine (machine_rank 0) by another "
+        "program; set main_process_port to a free port (the same on every machine), or, on a machine "
+        "that is not the main one, give it its own --machine_rank",
+        flag="main_process_port",
+        fix="a port free on the machine_rank 0 machine",
+    )
+
+
+def check_port_free(port: int) -> None:
+    """The port bound as torch's TCPStore server binds it (libuv's: every address, IPv6 "::" dual-stack,
+    else IPv4 "0.0.0.0"; SO_REUSEADDR), then let go. A program listening at that port on any address of
+    this machine (127.0.0.2 while main_process_ip is 127.0.0.1) leaves main_process_ip's own bind free
+    but fails the store with EADDRINUSE."""
+    for family, anywhere in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            with socket.socket(family) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:  # libuv clears it: IPv4 connections too
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                probe.bind((anywhere, port))
+                probe.listen()
+                return
+        except OSError as error:  # as the store: any IPv6 failure (none here, in use), then IPv4
+            if family == socket.AF_INET and error.errno == errno.EADDRINUSE:
+                raise _port_in_use(port) from None
+            if family == socket.AF_INET:
+                raise
 
 
 def main_machine(address: str, port: int, machines: int, timeout: float) -> None:
     """machine_rank 0: listen where the others will connect, until every machine_rank said hello."""
+    check_port_free(port)
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -50,13 +84,7 @@ def main_machine(address: str, port: int, machines: int, timeout: float) -> None
                 fix="an address of the machine_rank 0 machine",
             ) from None
         if error.errno == errno.EADDRINUSE:
-            raise ConfigError(
-                f"main_process_port {port} is in use on the main machine (machine_rank 0) by another "
-                "program; set main_process_port to a free port (the same on every machine), or, on a machine "
-                "that is not the main one, give it its own --machine_rank",
-                flag="main_process_port",
-                fix="a port free on the machine_rank 0 machine",
-            ) from None
+            raise _port_in_use(port) from None
         raise
     listener.listen(machines)
     deadline = time.monotonic() + timeout
@@ -224,10 +252,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--config_file", help="the accelerate config the launch uses")
     for name in ("machine_rank", "main_process_ip", "main_process_port", "num_machines"):
         parser.add_argument(f"--{name}", help="as `accelerate launch` takes it (default: the config file's)")
-    parser.add_argument("--timeout", type=float, default=120.0,
+    parser.add_argument("--timeout", default="120",
                         help="seconds every wait may take (default 120); give the launcher the same, "
                         "`accelerate launch --rdzv_conf timeout=N`")  # fmt: skip
     args = parser.parse_args(argv)
+    args.timeout = _seconds(args.timeout)
     config = _read_config(args.config_file) if args.config_file else {}
     defaults = {"machine_rank": 0, "main_process_ip": None, "main_process_port": 29500, "num_machines": 1}
     for key, default in defaults.items():
@@ -260,6 +289,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
                 fix="the machine_rank 0 machine's IPv4 address",
             ) from None
     return args
+
+
+def _seconds(text: str) -> float:
+    """--timeout: a number of seconds above 0 and at most MAX_TIMEOUT_S (nan, inf and 1e400 are
+    floats that no wait can take)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise ConfigError(
+            f"--timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a week), got "
+            f"{text!r}; give the seconds every wait may take, e.g. 120",
+            flag="--timeout",
+        )
+    return seconds
 
 
 def _read_config(path: str) -> dict:

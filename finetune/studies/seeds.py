@@ -42,7 +42,10 @@ def run_seeds(config: TrainConfig, build=None) -> dict:
     results = {}
     try:
         for seed in config.seed_list:
-            results[seed] = run_config(seed_config(config, seed), build, keep_process_group=True)
+            try:
+                results[seed] = run_config(seed_config(config, seed), build, keep_process_group=True)
+            except ConfigError as refused:
+                raise relaunch_refusal(config, seed, refused) from refused
             fresh_accelerate_state()  # every rank, between the same two runs
     finally:
         leave_process_group()
@@ -69,6 +72,23 @@ def seed_config(config: TrainConfig, seed: int) -> TrainConfig:
         seeds=None,
         output_dir=str(output_dir / f"seed-{seed}"),
         run_name=f"{config.run_name or output_dir.name}-seed-{seed}",
+    )
+
+
+def relaunch_refusal(config: TrainConfig, seed: int, refused: ConfigError) -> ConfigError:
+    """A seed's folder refused as an earlier run's, whose fix is --overwrite_output_dir (a relaunch of the
+    study without --resume_from_checkpoint): that fix would retrain the finished seeds too, so the
+    study's own way on comes first. Any other refusal: as it is."""
+    if config.resume_from_checkpoint or config.overwrite_output_dir or refused.flag != "--output_dir":
+        return refused
+    if "--overwrite_output_dir" not in (refused.fix or ""):
+        return refused
+    folder = Path(config.output_dir) / f"seed-{seed}"
+    return ConfigError(
+        f"--seeds: {folder} holds a run of an earlier launch; relaunch with --resume_from_checkpoint auto "
+        "to keep the seeds it finished and finish the others (--overwrite_output_dir would retrain every "
+        "seed)",
+        flag="--resume_from_checkpoint",
     )
 
 

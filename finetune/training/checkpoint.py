@@ -78,6 +78,10 @@ class TrainState:
     """The logging window open at this checkpoint (steps since the last metrics.jsonl loss line), summed
     over processes: {"loss_sum", "samples", "tokens", "seconds"}. A resumed run continues it, so its next
     loss line, and the run's samples and tokens, are those of a run never interrupted."""
+    for_export: bool = False
+    """A checkpoint of the last step, written after training for the export alone (no scheduled one
+    held that step; training/loop.py): a run resumed from it trains no further, and it is removed
+    once results.json is written."""
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -136,6 +140,14 @@ def save_checkpoint(
                 shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
+
+
+def remove_export_checkpoint(output_dir: str, state: TrainState) -> None:
+    """Rank 0, once results.json is written (a stop before then still finds the checkpoint): the one
+    written for the export alone (`TrainState.for_export`) goes, so the run leaves the checkpoints it
+    was asked for. One left by a stop in between changes nothing: the run is finished."""
+    if state.for_export:
+        shutil.rmtree(Path(output_dir) / f"{PREFIX}{state.global_step}", ignore_errors=True)
 
 
 def file_checksum(file: Path) -> str:

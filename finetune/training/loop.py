@@ -19,7 +19,7 @@ from finetune.errors import TrainingFailed, TrainingInterrupted
 from finetune.output.tracking import MetricsLog
 from finetune.speed.cuda_graphs import GraphedSteps
 from finetune.training.best import _evaluate_and_keep_best, stopped_early
-from finetune.training.checkpoint import TrainState, complete_checkpoints, save_checkpoint
+from finetune.training.checkpoint import PREFIX, TrainState, complete_checkpoints, save_checkpoint
 from finetune.training.evaluation import EvaluationAbandoned, forward_backward, load_metric
 from finetune.training.meter import _fractional_epoch, _Meter, model_flops_utilization
 from finetune.training.steps import StepPlan
@@ -58,6 +58,8 @@ class Run:
     """Set by train(): the open logging window and this segment's clock; a checkpoint keeps both."""
     graphs: GraphedSteps | None = None
     """--cuda_graphs: the micro-batches' forward and backward, replayed per shape (None: eager)."""
+    saved_step: int | None = None
+    """Set by train(): the step of the newest checkpoint this run wrote or was resumed from."""
     on_evaluation: Callable[[int, dict], bool] | None = None
     """Set by a caller's `build` hook (a sweep's trial, to prune): called on every rank with (step,
     evaluation) after each evaluation during training; True stops training there, as early stopping
@@ -70,7 +72,8 @@ def train(run: Run, stop: StopSignals):
 
     Returns the run's training seconds and evaluation seconds, each summed over its segments (a resumed
     run adds the seconds its checkpoint recorded); the evaluations are in `run.state`. A stop signal ends
-    the run after the current step with a checkpoint and `TrainingInterrupted`.
+    the run after the current step with a checkpoint and `TrainingInterrupted`. It ends with a checkpoint
+    of the last step (`_keep_for_export`): a stop during the export loses no training.
     """
     accelerator, model, config, plan, state = run.accelerator, run.model, run.config, run.plan, run.state
     world_size = accelerator.num_processes
@@ -87,6 +90,9 @@ def train(run: Run, stop: StopSignals):
         disable=not accelerator.is_local_main_process,
     ) as progress:
         meter = run.meter = _Meter(accelerator, state)  # starts this segment's clock
+        run.saved_step = state.global_step or None  # a resumed run's is its checkpoint's step
+        if state.for_export:  # resumed from the checkpoint written for the export: training is over
+            return meter.run_seconds()
         # Resumed from a checkpoint whose evaluation a stop signal abandoned: that step's evaluation first.
         meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
         model.train()
@@ -134,7 +140,24 @@ def train(run: Run, stop: StopSignals):
                 break
     _raise_if_diverged(run)  # before the caller exports the model
     meter.flush(accelerator, state)  # collective: pairs not yet logged still count toward throughput
-    return meter.run_seconds()
+    seconds = meter.run_seconds()  # the export's checkpoint is not training time
+    _keep_for_export(run, stop)  # collective
+    return seconds
+
+
+def _keep_for_export(run: Run, stop: StopSignals) -> None:
+    """Collective: training is over; unless a checkpoint already holds its last step, one written for the
+    export (`TrainState.for_export`, without rotation), so that a stop from here until results.json is
+    written costs no training: the relaunch with --resume_from_checkpoint auto resumes it and exports.
+    A stop signal since the last step's check stops the run here, as one during training does."""
+    state = run.state
+    if run.saved_step != state.global_step:
+        state.for_export = True
+        _save(run, rotate=False)
+    signal_name = stop.requested(run.accelerator)
+    if signal_name:
+        checkpoint = Path(run.config.output_dir) / f"{PREFIX}{state.global_step}"
+        raise TrainingInterrupted(signal_name, state.global_step, checkpoint)
 
 
 def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
@@ -239,14 +262,16 @@ def _checkpoint_or_stop(run: Run, stop: StopSignals) -> None:
         raise TrainingInterrupted(signal_name, state.global_step, checkpoint or _save(run))
 
 
-def _save(run: Run) -> Path:
-    """Collective: a checkpoint of this step, with the open logging window and the run's seconds."""
+def _save(run: Run, rotate: bool = True) -> Path:
+    """Collective: a checkpoint of this step, with the open logging window and the run's seconds;
+    `rotate`: then --save_total_limit removes the oldest."""
     _raise_if_diverged(run)  # no checkpoint after a non-finite step
     run.meter.keep_in(run.accelerator, run.state)  # collective
-    config = run.config
-    return save_checkpoint(
-        run.accelerator, config.output_dir, run.state, run.accelerator.num_processes, config.save_total_limit
-    )
+    config, world_size = run.config, run.accelerator.num_processes
+    limit = config.save_total_limit if rotate else None
+    saved = save_checkpoint(run.accelerator, config.output_dir, run.state, world_size, limit)
+    run.saved_step = run.state.global_step
+    return saved
 
 
 def _evaluation_due(config: TrainConfig, plan: StepPlan, state: TrainState) -> bool:

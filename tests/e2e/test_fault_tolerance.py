@@ -364,3 +364,68 @@ def test_a_stop_signal_while_a_finished_run_closes_leaves_it_complete(
         == 0
     )
     assert "note: SIGTERM arrived" in capsys.readouterr().err and (twice / "results.json").is_file()
+
+
+@pytest.mark.parametrize("at", ["the export", "its checkpoint"])
+def test_sigterm_during_the_export_of_a_run_without_checkpoints_loses_no_training(
+    at, tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """SIGTERM while the model is exported, in a run that asked for no checkpoints: the root held a
+    config.json and no weights, and the relaunch trained again from step 0. Now the run first writes a
+    checkpoint of its last step for the export (a signal while it is written stops the run once it is
+    published): the relaunch with --resume_from_checkpoint auto trains nothing, exports the same weights
+    and writes the same lines as a run never stopped, and leaves no checkpoint behind."""
+    import signal
+
+    from finetune.cli import cli
+    from finetune.run import setup
+
+    out = tmp_path / "out"
+
+    def sigterm_at(*launch):
+        run = setup(*launch)
+        model = run.accelerator.unwrap_model(run.model)
+        save_pretrained, save_state = model.save_pretrained, run.accelerator.save_state
+
+        def export_stopped_midway(folder, *args, **kwargs):
+            if Path(folder) == out:  # the export, not best_model/: config.json first, then the signal
+                model.config.save_pretrained(folder)
+                os.kill(os.getpid(), signal.SIGTERM)
+            return save_pretrained(folder, *args, **kwargs)
+
+        def signalled_while_saving(*args, **kwargs):  # the only checkpoint of the run
+            os.kill(os.getpid(), signal.SIGTERM)
+            return save_state(*args, **kwargs)
+
+        if at == "the export":
+            model.save_pretrained = export_stopped_midway
+        else:
+            run.accelerator.save_state = signalled_while_saving
+        return run
+
+    unbroken = tmp_path / "unbroken"
+    main(tiny_args(tiny_model_dir, nli_files, unbroken, "--max_train_steps", "7"))
+    reset_accelerate()
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "7")
+    capsys.readouterr()
+    assert cli(args, sigterm_at) == 143
+    export = at == "the export"
+    said = "stopped by SIGTERM; the run did not finish" if export else "stopped by SIGTERM after step 7"
+    assert said in capsys.readouterr().err
+    assert (out / "config.json").is_file() == export and not (out / "model.safetensors").exists()
+    assert not (out / "results.json").exists()
+    reset_accelerate()
+
+    results = main([*args, "--resume_from_checkpoint", "auto"])
+    assert f"resuming from {out / 'checkpoint-7'} at step 7" in capsys.readouterr().out  # nothing retrained
+    assert results["global_step"] == 7 and (out / "results.json").is_file()
+    untimed = [  # each line once, as in the unbroken run (its clock's figures aside)
+        [{k: v for k, v in line.items() if not k.endswith(("_per_second", "_runtime_s"))} for line in lines]
+        for lines in (read_jsonl(out / "metrics.jsonl"), read_jsonl(unbroken / "metrics.jsonl"))
+    ]
+    assert untimed[0] == untimed[1] and len(untimed[0]) == 3  # steps 5 and 7, then 7's evaluation
+    assert_bitwise_equal(out, unbroken)
+    assert checkpoints(out) == checkpoints(unbroken) == []  # the export's checkpoint is gone once finished
+    expected = json.loads((unbroken / "results.json").read_text())
+    assert results["train_samples"] == expected["train_samples"]
+    assert results["best_evaluation"] == expected["best_evaluation"]

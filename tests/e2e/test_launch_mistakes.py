@@ -83,6 +83,24 @@ def test_main_process_port_taken(taken_port):
     assert code == 2 and "main_process_port" in line
 
 
+def test_main_process_port_taken_on_another_address_of_the_machine():
+    """A program listening at 127.0.0.2:PORT leaves 127.0.0.1:PORT free to bind, yet torch's TCPStore
+    binds every address of the machine and fails with EADDRINUSE: the preflight binds as it does."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.2", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(RuntimeError, match="EADDRINUSE"):  # what the launcher meets, for real
+            TCPStore("127.0.0.1", port, 1, True, timeout=timedelta(seconds=5))
+        code, line, _ = ends(preflight(0, "127.0.0.1", port), 10)
+        assert code == 2 and line.startswith(f"error: main_process_port {port} is in use"), line
+        assert flag_of(0, "127.0.0.1", port) == "main_process_port"
+
+
 def test_machine_that_never_arrives():
     port = free_port()
     code, line, took = ends(preflight(0, "127.0.0.1", port), TIMEOUT + 10)

@@ -8,6 +8,7 @@ The windows and the grouping alone: tests/unit/test_windows.py."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -163,6 +164,26 @@ def test_a_stride_without_room_and_a_second_text_too_long_are_refused(tiny_model
     with pytest.raises(ConfigError) as second:
         main([*args, "--text_columns", "q,text"])
     assert second.value.flag == "--max_length" and "--max_length" in second.value.fix
+
+
+def test_the_max_length_a_refusal_names_runs(tiny_model_dir, tmp_path):
+    """Pairs whose 70-token second text leaves --max_length 64 no room: the --max_length the refusal
+    names trains (it named 74, which the default --doc_stride, a quarter of it, then refused)."""
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [{"text": " ".join(["the"] * 50), "q": " ".join(["a"] * 70), "label": ("yes", "no")[i % 2]}
+            for i in range(8)]  # fmt: skip
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    windowed = ["--long_documents", "sliding_window", "--text_columns", "text,q", "--max_train_steps", "2"]
+    args = long_args(tiny_model_dir, {"train": pairs, "validation": pairs}, tmp_path / "out", *windowed)
+    args[args.index("--max_length") + 1] = "64"
+    with pytest.raises(ConfigError) as refused:
+        main(args)
+    reset_accelerate()
+    named = re.search(r"--max_length (\d+) or more", refused.value.fix)
+    assert refused.value.flag == "--max_length" and named, refused.value
+    args[args.index("--max_length") + 1] = named.group(1)
+    assert main(args)["global_step"] == 2
+    reset_accelerate()
 
 
 @pytest.mark.parametrize(

@@ -97,7 +97,8 @@ def test_an_interrupted_study_finishes_with_auto_and_reruns_nothing_finished(
     tiny_model_dir, nli_files, tmp_path, capsys
 ):
     """SIGKILL in seed 2's third step (after its checkpoint at 2); the relaunch reads seed 1 back as it
-    is, resumes seed 2 from its checkpoint and trains seed 3."""
+    is, resumes seed 2 from its checkpoint and trains seed 3. Relaunched without --resume_from_checkpoint
+    auto, the study names it first (--overwrite_output_dir would retrain seed 1)."""
     out = tmp_path / "study"
     args = tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--seeds", "1,2,3")
     env = {"AT_STEP": "3", "SIGNAL": "KILL", "ONLY_IN": "seed-2"}
@@ -105,6 +106,10 @@ def test_an_interrupted_study_finishes_with_auto_and_reruns_nothing_finished(
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert (out / "seed-1" / "results.json").exists() and not (out / "seed-2" / "results.json").exists()
     assert not (out / "seed-3").exists() and not (out / "summary.json").exists()
+    # Relaunched as it was: the way on that keeps seed 1 comes first, not --overwrite_output_dir's.
+    said = fails_cleanly(args, out, "relaunch with --resume_from_checkpoint auto", capsys, exit_code=2)
+    assert said.index("--resume_from_checkpoint auto") < said.index("--overwrite_output_dir")
+    reset_accelerate()
     first = snapshot(out / "seed-1")
     capsys.readouterr()
     summary = main([*args, "--resume_from_checkpoint", "auto"])

@@ -21,6 +21,11 @@ TWO = ["--num_machines", "2", "--main_process_ip", "127.0.0.1"]
         (["--num_machines", "2"], "main_process_ip"),
         (["--num_machines", "2", "--main_process_ip", "nosuchhost.invalid"], "main_process_ip"),
         ([*TWO, "--timeout", "soon"], "--timeout"),
+        # Floats no wait can take: each was a traceback (nan, inf: from the socket; 1e400 reads as inf).
+        ([*TWO, "--timeout", "nan"], "--timeout"),
+        ([*TWO, "--timeout", "inf"], "--timeout"),
+        ([*TWO, "--timeout", "1e400"], "--timeout"),
+        ([*TWO, "--timeout", "0"], "--timeout"),
     ],
 )
 def test_a_bad_setting_is_one_error_naming_it(argv, flag):

@@ -3,6 +3,8 @@ refusals, and windows grouped back into documents whatever their order."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -55,6 +57,35 @@ def test_a_second_text_that_fills_the_window_is_refused(tokenizer):
     with pytest.raises(ConfigError) as refused:
         encode_windows(tokenizer, [[TEXT], [TEXT]], max_length=32, doc_stride=4)
     assert refused.value.flag == "--max_length" and "--max_length" in refused.value.fix
+
+
+@pytest.mark.parametrize("second", [None, " ".join(["a"] * 30)], ids=["single", "pair"])
+@pytest.mark.parametrize("stride", [None, 6], ids=["default stride", "--doc_stride 6"])
+def test_every_value_a_refusal_names_passes_and_its_max_length_is_the_smallest(tokenizer, second, stride):
+    """A fix's --max_length failed the next check ("raise --max_length above 83", then 84 refused: the
+    default stride, a quarter of it, left no progress), and a fix's --doc_stride could be no stride at
+    all ("below 1, e.g. 1"). Now each value named passes every check, and the --max_length is the
+    smallest that does."""
+    texts = [[TEXT]] if second is None else [[TEXT], [second]]
+
+    def refusal(max_length: int, doc_stride: int | None = None) -> ConfigError | None:
+        doc_stride = doc_stride or stride or max_length // 4
+        try:
+            encode_windows(tokenizer, texts, max_length, doc_stride, default_stride=stride is None)
+        except ConfigError as refused:
+            return refused
+        return None
+
+    refused_at = [m for m in range(1, 60) if refusal(m)]
+    assert refused_at  # each case meets the refusals
+    for max_length in refused_at:
+        fix = refusal(max_length).fix
+        named = re.search(r"--max_length (above )?(\d+)", fix)
+        assert named, fix
+        enough = int(named.group(2)) + bool(named.group(1))
+        assert refusal(enough) is None and refusal(enough - 1) is not None, fix
+        if given := re.search(r"--doc_stride below \d+, e\.g\. (\d+)", fix):
+            assert refusal(max_length, int(given.group(1))) is None, fix
 
 
 def test_doc_stride_needs_sliding_window():
