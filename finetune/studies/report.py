@@ -66,6 +66,7 @@ def write_report(study: optuna.Study, root: Path, summary: dict) -> dict:
         "trials": describe_trials(study, root),
         "best_trial": best,
         "param_importances": _importances(study) if len(complete) >= 2 else None,
+        "param_importances_method": IMPORTANCE_METHOD,
     }
     rerun = rerun_block(root)
     if rerun is not None and best is not None and rerun["trial"] == best["number"]:  # only the current best's
@@ -141,9 +142,15 @@ def _slice(study):
     return plot_slice(study)
 
 
+IMPORTANCE_METHOD = "PED-ANOVA"
+"""Optuna's PedAnovaImportanceEvaluator, named: Optuna 5's default, where Optuna 4 defaulted to fANOVA
+(a random forest over the trials); named here so every Optuna this toolkit takes computes the same."""
+
+
 def _importances(study: optuna.Study) -> dict | None:
+    evaluator = optuna.importance.PedAnovaImportanceEvaluator()
     try:
-        return dict(optuna.importance.get_param_importances(study))
+        return dict(optuna.importance.get_param_importances(study, evaluator=evaluator))
     except Exception:  # noqa: BLE001 - one parameter, identical values: nothing to rank, no failure
         return None
 
