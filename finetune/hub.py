@@ -63,7 +63,7 @@ def check_model_source(model_name_or_path: str, revision: str | None = None) -> 
     if Path(model_name_or_path).expanduser().exists():
         return
     if model_name_or_path.startswith((".", "/", "~")) or model_name_or_path.count("/") > 1:
-        raise ConfigError(f"{where}: no such folder; check the path (a Hub id is `name` or `owner/name`)")
+        return  # a path, not a Hub id: the loader refuses it (`hub_error`), after the data's checks
     try:
         cached = huggingface_hub.try_to_load_from_cache(model_name_or_path, "config.json", revision=revision)
     except ValueError:  # not a valid repo id either
@@ -88,6 +88,8 @@ def hub_error(model_name_or_path: str, error: OSError) -> ConfigError:
     a gated one, no such revision, or no model files in a folder."""
     where = f"--model_name_or_path {model_name_or_path}"
     text = str(error)
+    if "Repo id must be in the form" in text:  # neither a folder nor the shape of a Hub id
+        return ConfigError(f"{where}: no such folder; check the path (a Hub id is `name` or `owner/name`)")
     if "gated repo" in text:
         return ConfigError(
             f"{where}: a gated model on the Hub; accept its terms on its Hub page, then log in "
