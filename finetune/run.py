@@ -31,10 +31,9 @@ from finetune.model.flops import flops_per_token
 from finetune.model.lora import describe_parameters, parameter_counts
 from finetune.model.optimizer import build_optimizer
 from finetune.model.options import loading_options
-from finetune.output.card import changed_flags, hardware, is_model_card, weights_by_label, write_model_card
-from finetune.output.export import export_model, push_to_hub
+from finetune.output.card import changed_flags, weights_by_label
+from finetune.output.export import export_model
 from finetune.output.lock import release_lock, take_lock
-from finetune.output.plots import CONFUSION_FILE, CURVES_FILE, plot_confusion_matrix, plot_training_curves
 from finetune.output.prerun import (
     check_output_dir,
     finished_run,
@@ -42,7 +41,8 @@ from finetune.output.prerun import (
     remove_earlier_run,
     remove_failed_start,
 )
-from finetune.output.terminal import quiet_libraries, results_summary, run_summary
+from finetune.output.record import write_run_record
+from finetune.output.terminal import quiet_libraries, run_summary
 from finetune.output.tracking import (
     MetricsLog,
     auto_trackers_notice,
@@ -58,7 +58,7 @@ from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
 from finetune.training.best import training_outcome, use_best_model
 from finetune.training.calibrate import calibrate_model, check_calibration
-from finetune.training.checkpoint import TrainState, load_checkpoint, remove_export_checkpoint, resolve_resume
+from finetune.training.checkpoint import TrainState, load_checkpoint, resolve_resume
 from finetune.training.evaluation import evaluate_splits, load_metric, predict
 from finetune.training.loop import Run, train
 from finetune.training.meter import model_flops_utilization
@@ -274,7 +274,6 @@ def execute(run: Run) -> dict:
     """Collective: train (unless --do_train false), evaluate, predict (--do_predict); export the model,
     its card and curves; write results.json."""
     accelerator, config, state, task = run.accelerator, run.config, run.state, run.task
-    output_dir = Path(config.output_dir)
     results = {}
     if config.do_train:
         stop = StopSignals()
@@ -333,40 +332,7 @@ def execute(run: Run) -> dict:
     results.update(parameter_counts(accelerator.unwrap_model(run.model)))
     # Collective: DDP keeps replicas equal by construction; this proves it for this run.
     results["replicas_identical"] = replicas_identical(accelerator, run.model)
-    machine = hardware(accelerator)
-    if accelerator.is_main_process:
-        if predictions is not None:
-            with writing("predictions.jsonl", output_dir), (output_dir / "predictions.jsonl").open("w") as f:
-                f.writelines(json.dumps(p) + "\n" for p in predictions)
-        if config.do_train:
-            with writing(CURVES_FILE, output_dir):
-                plot_training_curves(
-                    output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys(per_class=False)
-                )
-            wall_s = time.perf_counter() - run.started_s
-            card = output_dir / "README.md"
-            if card.exists() and not (card.is_file() and is_model_card(card)):  # the user's: kept
-                print(f"{card} is not a model card of finetune's: kept as it is, no model card written")
-            else:
-                with writing("the model card (README.md)", output_dir):
-                    write_model_card(card, config, task, results, run.rows, machine, wall_s, run.given_flags)
-        with writing(CONFUSION_FILE, output_dir):  # custom single-label tasks only
-            plot_confusion_matrix(results, output_dir / CONFUSION_FILE)
-        # Last: results.json marks a finished run.
-        with writing("results.json", output_dir):
-            (output_dir / "results.json").write_text(json.dumps(results, indent=2))
-        remove_export_checkpoint(config.output_dir, state)
-        if summary := results_summary(results, task):
-            print(summary)
-        written = ["model, tokenizer, README.md (model card), training_curves.png"] if config.do_train else []
-        written += ["predictions.jsonl"] if predictions is not None else []
-        logged = config.do_train or bool(run.eval_loaders)
-        written.append(
-            "results.json, metrics.jsonl, train_config.json" if logged else "results.json, train_config.json"
-        )
-        print(f"{', '.join(written)}: {output_dir.resolve()}")
-        if config.push_to_hub:
-            print(f"pushed to {push_to_hub(config.output_dir, config.hub_model_id)}")
+    write_run_record(run, results, predictions)  # rank 0's files; results.json last
     return results
 
 
