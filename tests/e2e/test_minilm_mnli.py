@@ -16,8 +16,10 @@ def test_minilm_learns_mnli_above_chance(minilm_full):
     out, results = minilm_full
     assert results["global_step"] == MINILM_STEPS
     assert results["eval_matched_samples"] == 3000  # real validation_matched rows (of 9,815)
-    # Chance is ~0.35 (the largest class); 4,800 pairs take MiniLM well past it (0.557 on an AMX Xeon VM).
-    assert results["eval_matched_accuracy"] > 0.5, results
+    # Chance is ~0.35 (the largest class). Seeds 1, 2, 3 and 42 (fp32, a Zen 3) reached 0.593, 0.567, 0.580
+    # and 0.542, mean 0.571, standard deviation 0.022 (docs/log.md, 2026-11-27; seed 42 in bf16 on an AMX
+    # Xeon: 0.557): the bar sits 5.5 standard deviations under that mean and 0.1 over chance.
+    assert results["eval_matched_accuracy"] > 0.45, results
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in records if "loss" in r]  # training lines (evaluations hold eval_loss)
     assert losses[-1] < losses[0]
