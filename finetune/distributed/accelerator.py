@@ -16,12 +16,7 @@ from accelerate.utils import (
 
 from finetune.config.train_config import TrainConfig
 from finetune.distributed.preflight import check_gloo_address
-from finetune.distributed.ranks import (
-    check_launched_all,
-    check_world_size,
-    launcher_world_size,
-    processes_asked_of_accelerate,
-)
+from finetune.distributed.ranks import check_world_size, launcher_world_size
 from finetune.errors import ConfigError
 from finetune.speed.compile import dynamo_plugin
 from finetune.speed.hardware import bf16_is_fast, cpu_class
@@ -50,7 +45,6 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         raise ConfigError(
             "--ddp_comm_hook bf16 needs CUDA GPUs with NCCL; use fp16 (works over gloo) or none"
         )
-    check_launched_all(processes_asked_of_accelerate(), launcher_world_size(), torch.cuda.is_available())
     if not torch.cuda.is_available():
         check_gloo_address()  # every rank, before the process group that would wait 30 minutes
     join_restarted_job()

@@ -3,7 +3,9 @@ replicas hold the same weights."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import os
 import sys
 import tempfile
@@ -42,42 +44,46 @@ def launcher_world_size() -> int:
 
 
 def processes_asked_of_accelerate() -> int | None:
-    """How many processes `accelerate launch` was asked for (`--num_processes`, else its --config_file's
-    `num_processes`), when it is this process's parent and started it alone, as its simple launcher does
-    whatever the count (a launch without --multi_gpu or a multi-process config) without a word. None
-    where another launcher started this process, or the parent's command line cannot be read (not
-    Linux)."""
-    if "WORLD_SIZE" in os.environ:  # torchrun (or accelerate through it) started it: its world is known
+    """How many processes `accelerate launch` was asked for, when it is this process's parent and its
+    simple launcher started this process alone (`simple_launch_asks`). None where another launcher started
+    it (torchrun, or accelerate through it: WORLD_SIZE is set), or the parent's command line cannot be
+    read (not Linux)."""
+    if "WORLD_SIZE" in os.environ:
         return None
     try:
-        argv = [
-            a.decode(errors="replace")
-            for a in Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
-        ]
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     except OSError:
         return None
+    return simple_launch_asks([a.decode(errors="replace") for a in parent.split(b"\0") if a])
+
+
+def simple_launch_asks(argv: list[str]) -> int | None:
+    """The process count an `accelerate launch` command line asks for (`--num_processes`, else its config
+    file's or the default config's), when accelerate runs it through its simple launcher, which starts
+    one process whatever the count, without a word: what `launch_command` would pick, by accelerate's own
+    parser and checks. None for any other launcher (torchrun's, DeepSpeed's, TPU's) or command."""
+    names = ("accelerate", "accelerate-launch")
     starts = [i + 1 for i, a in enumerate(argv) if a == "accelerate.commands.launch"]
-    starts += [
-        i + 1 for i, a in enumerate(argv[1:], 1) if a == "launch" and Path(argv[i - 1]).name == "accelerate"
-    ]
+    starts += [i + 1 for i, a in enumerate(argv) if Path(a).name == "accelerate-launch"]
+    starts += [i + 1 for i in range(1, len(argv)) if argv[i] == "launch" and Path(argv[i - 1]).name in names]
     if not starts:
         return None
-    from accelerate.commands.launch import launch_command_parser
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import ComputeEnvironment
 
+    quiet = io.StringIO()  # accelerate's usage text and its warnings about defaults: not this run's to say
     try:
-        launch, _ = launch_command_parser().parse_known_args(argv[starts[0] :])
-    except SystemExit:  # not a command line accelerate reads: nothing to compare
+        with contextlib.redirect_stderr(quiet), contextlib.redirect_stdout(quiet):
+            launch, defaults, _ = _validate_launch_command(
+                launch_command_parser().parse_args(argv[starts[0] :])
+            )
+    except (SystemExit, ValueError, TypeError, OSError):  # not a command line accelerate would run
         return None
-    if launch.num_processes is not None:
-        return launch.num_processes
-    if launch.config_file:
-        import yaml
-
-        try:
-            return int(yaml.safe_load(Path(launch.config_file).read_text()).get("num_processes", 1))
-        except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
-            return None
-    return None
+    others = (launch.use_deepspeed, launch.use_fsdp, launch.use_megatron_lm, launch.multi_gpu, launch.tpu)
+    sagemaker = defaults is not None and defaults.compute_environment == ComputeEnvironment.AMAZON_SAGEMAKER
+    if (any(others) and not launch.cpu) or sagemaker:
+        return None
+    return launch.num_processes
 
 
 def check_launched_all(asked: int | None, launched: int, on_gpu: bool) -> None:
@@ -87,8 +93,9 @@ def check_launched_all(asked: int | None, launched: int, on_gpu: bool) -> None:
         return
     config = "multi_gpu.yaml" if on_gpu else "cpu_multiprocess.yaml"
     raise ConfigError(
-        f"accelerate launch was asked for {asked} processes but started {launched}: without a multi-process "
-        f"accelerate config it runs one; use --config_file accelerate_configs/{config}",
+        f"accelerate launch was asked for {asked} processes but started {launched}: its simple launcher "
+        "(no --multi_gpu, and a config whose distributed_type is not MULTI_GPU) starts one; use "
+        f"--config_file accelerate_configs/{config} (several machines: multi_node*.yaml)",
         flag="--num_processes",
         fix=f"accelerate launch --config_file accelerate_configs/{config}",
     )

@@ -51,6 +51,11 @@ def take_lock(output_dir: Path) -> None:
         os.close(folder)
 
 
+def holds_lock(output_dir: Path | str) -> bool:
+    """Whether this process holds the folder's lock (rank 0 of a run that took it)."""
+    return Path(output_dir) / LOCK_FILE in _held
+
+
 def release_lock(output_dir: Path | str) -> None:
     """At close() and on failure: removes the lock if this process holds it."""
     path = Path(output_dir) / LOCK_FILE

@@ -45,11 +45,20 @@ def folders_to_create(output_dir: str | Path) -> Path | None:
     return path
 
 
-def remove_failed_start(created: Path | None) -> None:
-    """After a failed start, rank 0 removes the folders that start created (`folders_to_create`, taken
-    before it): nothing in them predates it. A folder that existed is never touched."""
-    if created is not None and launcher_rank() == 0:
-        shutil.rmtree(created, ignore_errors=True)
+def remove_failed_start(output_dir: str | Path, created: Path | None) -> None:
+    """After a failed start that held the folder's lock, rank 0 removes what it created (`created`, from
+    `folders_to_create` before it): the run's own folder whole, then each parent it made while empty, so
+    a sibling run's folder under a parent both made stays. A folder that existed is never touched."""
+    if created is None or launcher_rank() != 0:
+        return
+    folder = Path(output_dir).absolute()
+    shutil.rmtree(folder, ignore_errors=True)
+    while folder != created and folder.is_relative_to(created):
+        folder = folder.parent
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (another run's), or gone
+            return
 
 
 def check_output_dir(config: TrainConfig, resuming: bool, identity: dict) -> None:
@@ -92,6 +101,8 @@ def check_usable_folder(output_dir: Path, model_name_or_path: str) -> None:
             f"--output_dir {output_dir} {where} the --model_name_or_path folder: this run would write over "
             "the model it reads and its run record; choose another --output_dir"
         )
+    if not output_dir.exists() and int(os.environ.get("LOCAL_RANK", "0")) != 0:
+        return  # made by each machine's first rank: rank 0 alone knows the folder did not exist before
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         probe = output_dir / f".write-test-{os.getpid()}"

@@ -10,13 +10,18 @@ from finetune.speed.hardware import cpu_class
 
 def quiet_libraries() -> None:
     """No progress bars for datasets' file reads and maps or transformers' weight loads and saves, and no
-    load reports (a new head's missing weights are this toolkit's to explain): the training bar stays."""
+    load reports (a new head's missing weights are this toolkit's to explain): the training bar and a
+    download's stay. Process-wide, as the libraries keep it: a later --debug run in the same process
+    stays quiet."""
     import datasets
+    import huggingface_hub.utils
     import transformers
 
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    # ... which also silences huggingface_hub's: a first download of a model shows its progress again.
+    huggingface_hub.utils.enable_progress_bars()
 
 
 def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:

@@ -5,22 +5,30 @@ from __future__ import annotations
 import json
 import netrc
 import os
+import urllib.parse
 from pathlib import Path
 
 from finetune.net import answers
 
 
+def resolve_report_to(report_to: str) -> str:
+    """--report_to as a run logs: auto is wandb where this machine is logged in to W&B (or was told
+    WANDB_MODE=offline), else none, as transformers 5 defaults to none: no offline folders and banners
+    for a user who never asked."""
+    if report_to != "auto":
+        return report_to
+    return "wandb" if wandb_key() or os.environ.get("WANDB_MODE") == "offline" else "none"
+
+
 def trackers_for(report_to: str) -> list[str]:
-    """The trackers --report_to names; auto: W&B where this machine is logged in to it, else none (as
-    transformers 5 defaults to none: no offline folders and banners for a user who never asked)."""
-    if report_to == "auto":
-        report_to = "wandb" if wandb_key() else "none"
-    return {"none": [], "all": ["wandb", "tensorboard"]}.get(report_to, [report_to])
+    """The trackers --report_to names (`resolve_report_to` first)."""
+    resolved = resolve_report_to(report_to)
+    return {"none": [], "all": ["wandb", "tensorboard"]}.get(resolved, [resolved])
 
 
-def auto_trackers_notice(report_to: str, trackers: list[str]) -> str | None:
+def auto_trackers_notice(report_to: str) -> str | None:
     """The one line a run prints when --report_to auto found no W&B login."""
-    if report_to != "auto" or trackers:
+    if report_to != "auto" or resolve_report_to(report_to) != "none":
         return None
     return (
         "trackers: none (not logged in to W&B: no WANDB_API_KEY, no `wandb login`); metrics go to "
@@ -63,8 +71,10 @@ def wandb_offline_notice(trackers: list[str]) -> str | None:
 
 
 def _netrc_key() -> str | None:
+    """The key `wandb login` wrote for this machine's W&B host (a self-hosted one: WANDB_BASE_URL's)."""
+    host = urllib.parse.urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
     try:
-        found = netrc.netrc().authenticators("api.wandb.ai")
+        found = netrc.netrc().authenticators(host or "api.wandb.ai")
     except (OSError, netrc.NetrcParseError):
         return None
     return found[2] if found else None

@@ -25,15 +25,19 @@ class CpuFeatures(NamedTuple):
     """AVX512-BF16: native bf16 dot products (Cooper Lake, Zen 4 and later)."""
     avx512: bool
     """AVX-512 (torch's CPU kernels run their AVX512 build)."""
+    avx2: bool
+    """AVX2 at least (torch's CPU kernels run their AVX2 or AVX512 build; not on ARM or older x86)."""
 
 
 def cpu_features() -> CpuFeatures:
     """This CPU, as torch probes it. The bf16 probes are private and absent on older torch: False there."""
     probe = lambda name: bool(getattr(torch.cpu, name, lambda: False)())  # noqa: E731
+    capability = torch.backends.cpu.get_cpu_capability()
     return CpuFeatures(
         amx=probe("_is_amx_tile_supported"),
         avx512_bf16=probe("_is_avx512_bf16_supported"),
-        avx512=torch.backends.cpu.get_cpu_capability() == "AVX512",
+        avx512=capability == "AVX512",
+        avx2=capability in ("AVX2", "AVX512"),
     )
 
 
@@ -65,4 +69,6 @@ def cpu_class() -> str:
         return "AMX"
     if features.avx512_bf16:
         return "AVX512-BF16"
-    return "AVX-512" if features.avx512 else "AVX2"
+    if features.avx512:
+        return "AVX-512"
+    return "AVX2" if features.avx2 else "baseline"  # baseline: older x86, or not x86 (ARM)

@@ -254,7 +254,7 @@ def run_trial(base: TrainConfig, number: int, params: dict, metric: str, trial, 
 def trial_config(base: TrainConfig, params: dict, folder: Path, number: int) -> TrainConfig:
     """The base flags with the trial's params, in its folder, resuming whatever a killed worker left.
     A bad value is the ConfigError of the run's own checks (the trial fails, the sweep goes on)."""
-    named = {"run_name": f"{base.run_name or 'trial'}-{number}"} if base.report_to != "none" else {}
+    named = {"run_name": f"{base.run_name or 'trial'}-{number}"} if trackers_for(base.report_to) else {}
     # --overwrite_output_dir is the sweep's, for its own folder: a trial's folder is the study's, and a
     # finished trial relaunched is read back, never trained again.
     config = dataclasses.replace(base, **params, **named, output_dir=str(folder),

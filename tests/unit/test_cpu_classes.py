@@ -21,10 +21,12 @@ from finetune.speed.packed_dropout import resolve_dropout_kernel
 from finetune.speed.padding_free import resolve_padding_free
 
 CLASSES = {
-    "AMX": CpuFeatures(amx=True, avx512_bf16=True, avx512=True),  # Sapphire Rapids and later Xeons
-    "AVX512-BF16": CpuFeatures(amx=False, avx512_bf16=True, avx512=True),  # Zen 4, Zen 5, Cooper Lake
-    "AVX-512": CpuFeatures(amx=False, avx512_bf16=False, avx512=True),  # Skylake to Ice Lake Xeons
-    "AVX2": CpuFeatures(amx=False, avx512_bf16=False, avx512=False),  # Zen 2, Zen 3
+    "AMX": CpuFeatures(amx=True, avx512_bf16=True, avx512=True, avx2=True),  # Sapphire Rapids and later Xeons
+    "AVX512-BF16": CpuFeatures(
+        amx=False, avx512_bf16=True, avx512=True, avx2=True
+    ),  # Zen 4, Zen 5, Cooper Lake
+    "AVX-512": CpuFeatures(amx=False, avx512_bf16=False, avx512=True, avx2=True),  # Skylake to Ice Lake Xeons
+    "AVX2": CpuFeatures(amx=False, avx512_bf16=False, avx512=False, avx2=True),  # Zen 2, Zen 3
 }
 
 # What each class resolves for a BERT encoder on CPU with every flag at its default. bf16 only where the

@@ -3,7 +3,7 @@ tests/e2e/test_distributed.py."""
 
 import pytest
 
-from finetune.distributed.ranks import check_world_size
+from finetune.distributed.ranks import check_launched_all, check_world_size, simple_launch_asks
 from finetune.errors import ConfigError
 
 
@@ -12,3 +12,74 @@ def test_guard_against_processes_that_did_not_join_one_group():
     check_world_size(2, 2)
     with pytest.raises(ConfigError, match="launcher started 2 processes but Accelerate sees 1"):
         check_world_size(2, 1)
+
+
+ACCELERATE = ["/venv/bin/python3", "/venv/bin/accelerate", "launch"]
+
+
+@pytest.fixture
+def no_default_config(monkeypatch, tmp_path):
+    """accelerate reads the default config of `accelerate config` when given none: this machine's user's
+    must not decide the tests."""
+    import accelerate.commands.launch
+
+    monkeypatch.setattr(accelerate.commands.launch, "default_config_file", str(tmp_path / "none.yaml"))
+
+
+def write_config(tmp_path, distributed_type: str, processes: int) -> str:
+    path = tmp_path / f"{distributed_type}.yaml"
+    path.write_text(
+        f"compute_environment: LOCAL_MACHINE\ndistributed_type: {distributed_type}\nnum_machines: 1\n"
+        f"num_processes: {processes}\nmachine_rank: 0\nmixed_precision: 'no'\nuse_cpu: false\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("launch", "asked"),
+    [
+        (["--num_processes", "2"], 2),  # accelerate's simple launcher: one process, whatever the count
+        (["--num_processes=3", "--cpu"], 3),
+        ([], 0),  # no count: accelerate counts the GPUs (none), and starts one process
+        (["--multi_gpu", "--num_processes", "2"], None),  # torchrun's launcher: WORLD_SIZE tells
+    ],
+)
+def test_a_simple_launch_reads_the_count_it_was_asked_for(launch, asked, no_default_config, monkeypatch):
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    # The script's own flags, after it, are not the launcher's.
+    assert simple_launch_asks([*ACCELERATE, *launch, "finetune/mnli.py", "--num_processes", "9"]) == asked
+
+
+def test_a_config_files_count_and_type_decide(tmp_path, no_default_config):
+    single = write_config(tmp_path, "NO", 2)
+    multi_cpu = write_config(tmp_path, "MULTI_CPU", 2)  # without MPI/oneCCL accelerate runs this as one
+    multi_gpu = write_config(tmp_path, "MULTI_GPU", 2)  # torchrun's launcher, on CPU too (cpu_multiprocess)
+    assert simple_launch_asks([*ACCELERATE, "--config_file", single, "x.py"]) == 2
+    assert simple_launch_asks([*ACCELERATE, "--config_file", multi_cpu, "x.py"]) == 2
+    assert simple_launch_asks([*ACCELERATE, "--config_file", multi_gpu, "x.py"]) is None
+    assert simple_launch_asks([*ACCELERATE, "--config_file", single, "--num_processes", "1", "x.py"]) == 1
+
+
+def test_other_parents_are_not_read_as_accelerate(no_default_config):
+    assert (
+        simple_launch_asks(
+            ["/usr/bin/python3", "-m", "accelerate.commands.launch", "--num_processes", "2", "x.py"]
+        )
+        == 2
+    )
+    assert simple_launch_asks(["/venv/bin/accelerate-launch", "--num_processes", "2", "x.py"]) == 2
+    assert simple_launch_asks(["mpirun", "-np", "2", "python", "x.py"]) is None
+    assert simple_launch_asks(["bash", "./launch", "--num_processes", "2"]) is None  # a script named launch
+    assert simple_launch_asks([*ACCELERATE, "--no_such_flag"]) is None  # not one accelerate would run
+
+
+def test_a_launch_that_started_fewer_processes_than_asked_is_refused():
+    with pytest.raises(ConfigError) as refused:
+        check_launched_all(2, 1, on_gpu=False)
+    assert refused.value.flag == "--num_processes"
+    assert "accelerate_configs/cpu_multiprocess.yaml" in refused.value.fix
+    with pytest.raises(ConfigError) as refused:
+        check_launched_all(4, 1, on_gpu=True)
+    assert "accelerate_configs/multi_gpu.yaml" in refused.value.fix
+    check_launched_all(2, 2, on_gpu=False)
+    check_launched_all(None, 1, on_gpu=False)

@@ -85,11 +85,13 @@ def test_layers_see_real_tokens_rounded_up_to_a_multiple_and_a_full_batch_runs_a
 
 
 def test_auto_is_on_for_cpu_encoders_only_and_true_refuses_other_models(monkeypatch):
-    import finetune.speed.padding_free
+    import finetune.speed.hardware
+    from finetune.speed.hardware import CpuFeatures
 
+    no_amx = CpuFeatures(amx=False, avx512_bf16=False, avx512=False, avx2=True)
     monkeypatch.setattr(
-        finetune.speed.padding_free, "cpu_has_amx", lambda: False
-    )  # AMX CPUs: off (test_config)
+        finetune.speed.hardware, "cpu_features", lambda: no_amx
+    )  # AMX: tests/unit/test_cpu_classes
     bert = tiny("bert")
     assert resolve_padding_free(TrainConfig(), bert, "cpu") == "true"
     assert resolve_padding_free(TrainConfig(), bert, "cuda") == "false"
