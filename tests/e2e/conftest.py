@@ -78,3 +78,14 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def wandb_env(monkeypatch, tmp_path):
+    """No W&B login on this machine, whatever its user has: no key, no ~/.netrc, W&B's mode unset."""
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc key
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    return monkeypatch

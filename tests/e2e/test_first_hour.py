@@ -211,16 +211,6 @@ def test_the_terminal_shows_the_start_a_progress_bar_and_a_short_summary(
     assert any(line.startswith("exported the model of step 2") for line in out)
 
 
-@pytest.fixture
-def no_wandb_login(monkeypatch, tmp_path):
-    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc key
-    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    return monkeypatch
-
-
 def default_trackers(tiny_model_dir, nli_files, out) -> dict:
     args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "1")
     del args[args.index("--report_to") : args.index("--report_to") + 2]  # the default
@@ -230,7 +220,7 @@ def default_trackers(tiny_model_dir, nli_files, out) -> dict:
 
 
 def test_trackers_default_to_none_without_a_wandb_login(
-    no_wandb_login, tiny_model_dir, nli_files, tmp_path, capsys
+    wandb_env, tiny_model_dir, nli_files, tmp_path, capsys
 ):
     capsys.readouterr()
     default_trackers(tiny_model_dir, nli_files, tmp_path / "out")
@@ -240,11 +230,9 @@ def test_trackers_default_to_none_without_a_wandb_login(
     assert json.loads((tmp_path / "out" / "train_config.json").read_text())["report_to"] == "none"
 
 
-def test_trackers_default_to_wandb_where_a_key_is_configured(
-    no_wandb_login, tiny_model_dir, nli_files, tmp_path
-):
-    no_wandb_login.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
-    no_wandb_login.setenv("WANDB_MODE", "offline")  # no server here: W&B's own offline mode
+def test_trackers_default_to_wandb_where_a_key_is_configured(wandb_env, tiny_model_dir, nli_files, tmp_path):
+    wandb_env.setenv("WANDB_API_KEY", "0123456789abcdef0123456789abcdef01234567")
+    wandb_env.setenv("WANDB_MODE", "offline")  # no server here: W&B's own offline mode
     default_trackers(tiny_model_dir, nli_files, tmp_path / "out")
     assert list((tmp_path / "out" / "wandb").glob("offline-run-*"))
     assert json.loads((tmp_path / "out" / "train_config.json").read_text())["report_to"] == "wandb"

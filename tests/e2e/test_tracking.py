@@ -22,16 +22,6 @@ def silent_server():
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
 
 
-@pytest.fixture
-def wandb_env(monkeypatch, tmp_path):
-    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc key
-    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    return monkeypatch
-
-
 def run_with_wandb(tiny_model_dir, nli_files, out):
     args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2")
     args[args.index("--report_to") + 1] = "wandb"
