@@ -41,21 +41,16 @@ def cpu_features() -> CpuFeatures:
     )
 
 
-def cpu_bf16_is_native(features: CpuFeatures | None = None) -> bool:
-    """A CPU with native bf16 matrix instructions (AVX512-BF16 or AMX).
+def bf16_is_fast() -> bool:
+    """CUDA with bf16 tensor cores, or a CPU with native bf16 matrix instructions (AVX512-BF16 or AMX).
 
     Not oneDNN's `_is_mkldnn_bf16_supported()`: it is also true on plain AVX-512 CPUs (Skylake to
     Ice Lake Xeons), which emulate bf16 and train slower in it than in fp32 (docs/log.md, 2026-11-23).
     """
-    features = features or cpu_features()
-    return features.avx512_bf16 or features.amx
-
-
-def bf16_is_fast() -> bool:
-    """CUDA with bf16 tensor cores, or a CPU with native bf16 matrix instructions."""
     if torch.cuda.is_available():
         return torch.cuda.is_bf16_supported()
-    return cpu_bf16_is_native()
+    features = cpu_features()
+    return features.avx512_bf16 or features.amx
 
 
 def cpu_has_amx() -> bool:
