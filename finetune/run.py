@@ -16,11 +16,8 @@ from accelerate.utils import set_seed
 from transformers import enable_full_determinism, get_scheduler
 
 from finetune.config.identity import run_identity
-from finetune.config.resolved import Resolved, choose_metric, eval_batch_size
+from finetune.config.resolved import Resolved, eval_batch_size
 from finetune.config.train_config import TrainConfig, to_dict
-from finetune.data.batching import build_dataloaders
-from finetune.data.splits import load_splits
-from finetune.data.tokenization import tokenize_splits
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
 from finetune.distributed.ranks import (
     check_launched_all,
@@ -31,8 +28,8 @@ from finetune.distributed.ranks import (
 )
 from finetune.distributed.signals import StopSignals, only_noted
 from finetune.errors import Stopped, StoppedAfterFinish, TrainingFailed, TrainingInterrupted
+from finetune.families import family_for
 from finetune.hub import check_model_source, check_push
-from finetune.model.build import build_model
 from finetune.model.flops import flops_per_token
 from finetune.model.lora import describe_parameters, parameter_counts
 from finetune.model.optimizer import build_optimizer
@@ -58,15 +55,13 @@ from finetune.output.tracking import (
     wandb_offline_notice,
 )
 from finetune.output.writing import writing
-from finetune.speed.attention import varlen_position_offset
 from finetune.speed.compile import compile_cache_line, compile_counts
 from finetune.speed.cuda_graphs import GraphedSteps, cuda_graphs_for
 from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
 from finetune.training.best import training_outcome, use_best_model
-from finetune.training.calibrate import calibrate_model, check_calibration
+from finetune.training.calibrate import calibrate_model
 from finetune.training.checkpoint import TrainState, load_checkpoint, resolve_resume
-from finetune.training.evaluation import evaluate_splits, load_metric, predict
 from finetune.training.loop import Run, train
 from finetune.training.meter import model_flops_utilization
 from finetune.training.steps import plan_steps
@@ -171,19 +166,19 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     loading = loading_options(args, accelerator.device.type, bf16_native)  # refusals before the data
     check_model_source(args.model_name_or_path, args.model_revision)  # the cache or the Hub, in seconds
     check_push(args.push_to_hub)
-    cuda_graphs = cuda_graphs_for(args, accelerator)  # "true"/"false"; --cuda_graphs true refused here
+    family = family_for(args.task_type)  # what the run learns: its data, model head, loss and metrics
+    # "true"/"false"; --cuda_graphs true refused here
+    cuda_graphs = cuda_graphs_for(args, accelerator) if family.captures_cuda_graphs else "false"
 
-    task, splits = load_splits(args)
-    metric = choose_metric(args, task, splits)  # before the model loads
-    check_calibration(args, task, splits)
-    model, tokenizer, backbone, speed = build_model(
+    task, splits = family.load(args)
+    metric = family.choose_metric(args, task, splits)  # before the model loads
+    family.check(args, task, splits)
+    model, tokenizer, backbone, speed = family.build_model(
         args, task, accelerator, loading, bf16_native, cuda_graphs
     )
     parameters = parameter_counts(model)  # before prepare: FSDP shards them
     on_gpu = accelerator.device.type == "cuda"
-    weigh_documents = args.window_loss_weighting == "document"
-    tokenized = tokenize_splits(task, splits, tokenizer, args.max_length, accelerator, args.window_stride,
-                                weigh_documents, default_stride=args.doc_stride is None)  # fmt: skip
+    tokenized = family.tokenize(task, splits, tokenizer, args, accelerator)  # collective
     batch = {k: getattr(args, k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps")}
     batch_notice = None
     if args.auto_find_batch_size and args.do_train:  # collective; sets the batch before the loaders
@@ -198,9 +193,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         report_to=report_to,
     )
     config = args.with_resolved(resolved)  # what the run trains with, from here on
-    loaders = build_dataloaders(
-        tokenized, tokenizer, config, world_size, on_gpu, position_offset=varlen_position_offset(model)
-    )
+    loaders = family.dataloaders(tokenized, tokenizer, config, world_size, on_gpu, model)
     train_rows = len(tokenized["train"]) if config.do_train else 0  # no training: a plan of zero updates
     plan = plan_steps(
         train_rows,
@@ -253,6 +246,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         print(task.summary())
     return Run(
         config=config,
+        family=family,
         task=task,
         accelerator=accelerator,
         model=model,
@@ -330,14 +324,12 @@ def execute(run: Run) -> dict:
             **calibration,
         }
     elif run.eval_loaders:
-        results = evaluate_splits(
-            accelerator, run.model, run.eval_loaders, load_metric(task, accelerator), task
-        )
+        results = run.family.evaluator(task, accelerator)(run.model, run.eval_loaders)  # collective
         if accelerator.is_main_process:  # the evaluation's line, as a training run logs each one
             run.log.log({"step": 0, **{k: v for k, v in results.items() if not isinstance(v, dict)}})
     predictions = None
     if run.test_loader is not None:
-        predictions = predict(accelerator, run.model, run.test_loader, task, run.rows["test"])
+        predictions = run.family.predict(accelerator, run.model, run.test_loader, task, run.rows["test"])
         results["predict_samples"] = len(predictions)
     results.update(describe_runtime(accelerator))
     results.update(parameter_counts(accelerator.unwrap_model(run.model)))

@@ -13,6 +13,7 @@ from finetune.errors import ConfigError
 DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
 GLUE_DATASET = "nyu-mll/glue"
 TaskName = Literal[TASK_CHOICES]
+TaskType = Literal["sequence_classification", "causal_lm"]
 LongDocuments = Literal["truncate", "sliding_window"]
 WindowAggregation = Literal["mean", "max"]
 WindowLossWeighting = Literal["window", "document"]
@@ -23,8 +24,13 @@ SPLIT_NAMES = {"train_split_name": "train", "validation_split_name": "validation
 class DataArgs:
     """Data: the task, where its rows come from, their labels, and how many."""
 
+    task_type: TaskType = "sequence_classification"
+    """What the run learns. sequence_classification: a label (or score) per text (--task_name). causal_lm:
+    supervised fine-tuning of a decoder LLM on the rows of --train_file or --dataset_name (columns
+    `messages`, `prompt` + `completion`, or `text`, as TRL reads them); it needs no --task_name."""
     task_name: TaskName = "mnli"
-    """A GLUE task, or custom: your own files or dataset, its labels read from the data."""
+    """Sequence classification: a GLUE task, or custom: your own files or dataset, its labels read from the
+    data."""
     dataset_name: str | None = GLUE_DATASET
     """Hub dataset id, or a local folder of data files (custom tasks); ignored when local files are given."""
     dataset_config_name: str | None = None
@@ -90,6 +96,16 @@ class DataArgs:
     """Use only the first N rows of each evaluation set."""
     group_by_length: bool = True
     """Shuffle, then batch pairs of similar length together (far less padding)."""
+    completion_only_loss: bool = True
+    """causal_lm, prompt-completion rows: train on the completion's tokens and the EOS only (TRL's name);
+    false: on every token."""
+    assistant_only_loss: bool = True
+    """causal_lm, conversations: train on each assistant turn, from after its header through its
+    end-of-turn token, found by rendering message prefixes with the chat template (no {% generation %}
+    markers needed); false: on every token of the conversation."""
+    chat_template: str | None = None
+    """causal_lm: a Jinja chat template file (.jinja) that renders the conversations, in place of the
+    tokenizer's own; it is exported with the model."""
 
     def __post_init__(self):
         """Checks of this group's flags alone (values from YAML or Python arrive unchecked)."""

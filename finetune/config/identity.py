@@ -18,9 +18,10 @@ from finetune.errors import ConfigError
 # In the order a refusal lists them.
 IDENTITY_FLAGS = (
     # task and labels
-    "task_name", "text_columns", "label_column", "label_separator", "ignore_mismatched_sizes",
+    "task_type", "task_name", "text_columns", "label_column", "label_separator", "ignore_mismatched_sizes",
     "class_weights", "validation_split_percentage", "max_length", "max_train_samples", "max_eval_samples",
     "long_documents", "doc_stride", "window_aggregation", "window_loss_weighting",
+    "completion_only_loss", "assistant_only_loss",
     # model
     "model_revision", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
     "lora_target_modules", "lora_modules_to_save",
@@ -84,6 +85,7 @@ LEFT_OUT = {
     "push_to_hub": _OUTPUT,
     "hub_model_id": _OUTPUT,
     "config": "the YAML file's keys are compared, as flags, not its path",
+    "chat_template": "in tokenizer: the template's content, wherever the file is",
     "debug": _OUTPUT,
 }
 # Entries that are not flags, and how a message names them.
@@ -92,6 +94,7 @@ DERIVED = {
     "model": "model",
     "training_data": "training data",
     "validation_data": "validation data",
+    "tokenizer": "tokenizer and chat template",
 }
 
 
@@ -103,6 +106,7 @@ def run_identity(config: TrainConfig, world_size: int) -> dict:
         "model": model_identity(config),
         "training_data": training_data(config) if config.do_train else None,
         "validation_data": validation_data(config),
+        "tokenizer": tokenizer_identity(config),
         **{flag: getattr(config, flag) for flag in IDENTITY_FLAGS},
     }
 
@@ -110,6 +114,10 @@ def run_identity(config: TrainConfig, world_size: int) -> dict:
 # Flags added to the identity after runs were recorded without them: what such a run had (the behaviour
 # before the flag), so a finished uncalibrated run is not taken for a calibrated one.
 ADDED_LATER = {
+    "task_type": "sequence_classification",
+    "tokenizer": None,
+    "completion_only_loss": True,
+    "assistant_only_loss": True,
     "calibrate": "none",
     "long_documents": "truncate",
     "doc_stride": None,
@@ -189,6 +197,27 @@ def model_identity(config: TrainConfig) -> str:
     for file in weights:
         digest.update(f"{file.name} {file.stat().st_size}\n".encode())
     return f"{folder.resolve()} (files {digest.hexdigest()[:12]})"
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt",
+                   "tokenizer.model")  # fmt: skip
+
+
+def tokenizer_identity(config: TrainConfig) -> str | None:
+    """causal_lm: a digest of the tokenizer files of the model folder and of --chat_template's content,
+    which decide the target tokens (None for classification, whose tokenizer the model folder's digest
+    does not cover either: its runs' identities stay as they were)."""
+    if config.task_type != "causal_lm":
+        return None
+    digest = hashlib.sha256()
+    folder = Path(config.model_name_or_path)
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            digest.update(name.encode() + (folder / name).read_bytes())
+    if config.chat_template and Path(config.chat_template).is_file():
+        digest.update(b"--chat_template" + Path(config.chat_template).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def training_data(config: TrainConfig) -> str:

@@ -71,8 +71,9 @@ def _check_types(config: TrainConfig) -> None:
 def check_across_groups(config: TrainConfig) -> None:
     """The checks (and HF's defaults) that need flags of two groups; refused before anything loads."""
     default = object.__setattr__  # HF's TrainingArguments fills these in at parse time too
-    default(config, "output_dir", config.output_dir or f"outputs/{config.task_name}")
-    default(config, "project_name", config.project_name or f"finetune-{config.task_name}")
+    task = config.task_name if config.task_type == "sequence_classification" else config.task_type
+    default(config, "output_dir", config.output_dir or f"outputs/{task}")
+    default(config, "project_name", config.project_name or f"finetune-{task}")
     if config.eval_strategy == "steps" and config.eval_steps is None:
         default(config, "eval_steps", config.logging_steps)  # as Hugging Face Trainer does
     if config.early_stopping_patience is not None and not config.evaluates_training:
@@ -140,9 +141,10 @@ def flag_help() -> dict[str, str]:
 
 def greater_is_better_default(metric: str) -> bool:
     """Hugging Face Trainer's rule, a loss is better smaller and any other metric larger, with the
-    calibration errors (eval_ece, eval_brier, eval_matched_ece, eval_ece_<label>...) smaller too."""
+    calibration errors (eval_ece, eval_brier, eval_matched_ece, eval_ece_<label>...) and perplexity
+    smaller too."""
     name = metric.removeprefix("eval_").removeprefix("matched_").removeprefix("mismatched_")
-    return not (metric.endswith("loss") or name.split("_")[0] in ("ece", "brier"))
+    return not (metric.endswith("loss") or name.split("_")[0] in ("ece", "brier", "perplexity"))
 
 
 def default_of(f: dataclasses.Field):

@@ -86,7 +86,7 @@ class PadCollator:
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         longest = max(len(f["input_ids"]) for f in features)
-        width = _bucket(longest, self.multiple, self.max_length)
+        width = bucket(longest, self.multiple, self.max_length)
         batch = {}
         for key in features[0]:
             if key not in self.pad_ids:  # labels, row: one value per pair
@@ -103,7 +103,7 @@ class PadCollator:
         return batch
 
 
-def _bucket(tokens: int, multiple: int, cap: int | None) -> int:
+def bucket(tokens: int, multiple: int, cap: int | None) -> int:
     """`tokens` rounded up to a multiple of `multiple`, but never past `cap` (unless `tokens` is)."""
     rounded = -(-tokens // multiple) * multiple
     return rounded if cap is None else min(rounded, max(cap, tokens))
@@ -131,7 +131,7 @@ class VarlenCollator:
         rows = len(features)
         lengths = np.array([len(f["input_ids"]) for f in features], dtype=np.int64)
         real = int(lengths.sum())
-        total = _bucket(real, self.multiple * rows if self.multiple > 1 else 1, None)  # 1: no padding
+        total = bucket(real, self.multiple * rows if self.multiple > 1 else 1, None)  # 1: no padding
         padding = np.full(rows, -(-(total - real) // rows), dtype=np.int64)  # each < multiple
         padding = np.clip(total - real - np.arange(rows) * padding[0], 0, padding)
         segments = np.concatenate([lengths, padding])
@@ -172,12 +172,15 @@ def build_dataloaders(
     world_size: int,
     on_gpu: bool,
     position_offset: int = 0,
+    collator=None,
 ) -> dict[str, DataLoader]:
     """One loader per split: train in seeded length-grouped order, the others sorted by length.
     `position_offset`: where positions start in a `--padding_free varlen` batch (RoBERTa's start after
-    its padding id)."""
+    its padding id). `collator`: another family's batches (default: classification's)."""
     multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
-    if config.padding_free == "varlen":
+    if collator is not None:
+        pass
+    elif config.padding_free == "varlen":
         collator = VarlenCollator(tokenizer, multiple, config.max_length, position_offset)
     else:
         collator = PadCollator(tokenizer, multiple, config.max_length)

@@ -35,11 +35,11 @@ def read_splits(
         }
         sources = {name: path for name, path in files.items() if path and wanted.get(name)}
         splits = {
-            name: _load_file(path, columns if name == "test" else (*columns, config.label_column))
+            name: load_data_file(path, columns if name == "test" else (*columns, config.label_column))
             for name, path in sources.items()
         }
     else:
-        splits, sources = _load_dataset_splits(config, task, wanted, columns)
+        splits, sources = load_dataset_splits(config, task, wanted, columns)
     if config.label_column != "label":
         splits = {n: _label_column_as_label(s, config.label_column) for n, s in splits.items()}
     if "test" in splits and "label" in splits["test"].column_names:
@@ -60,9 +60,12 @@ def read_splits(
     return splits, sources, declared and tuple(declared.names)
 
 
-def _load_dataset_splits(config: TrainConfig, task: Task | None, wanted: dict, columns: tuple[str, ...]):
-    """--dataset_name's splits. GLUE tasks: the Hub's own split names; a custom task: the ones
-    --train_split_name, --validation_split_name and --test_split_name give."""
+def load_dataset_splits(
+    config: TrainConfig, task: Task | None, wanted: dict, columns: tuple[str, ...], labelled: bool = True
+):
+    """--dataset_name's splits. GLUE tasks: the Hub's own split names; a custom task (or another family's
+    data, `labelled` False: no label column needed): the ones --train_split_name, --validation_split_name
+    and --test_split_name give."""
     name, subset = config.dataset_name, config.dataset_config_name
     named = (
         f"--task_name {config.task_name} reads {name} (--dataset_name)" if task else f"--dataset_name {name}"
@@ -112,7 +115,7 @@ def _load_dataset_splits(config: TrainConfig, task: Task | None, wanted: dict, c
                 f"with {flag or '--test_split_name'}{carve}"
             )
         source = f"{where}:{hub_split}"
-        needed = columns if split == "test" else (*columns, config.label_column)
+        needed = columns if split == "test" or not labelled else (*columns, config.label_column)
         missing = [c for c in needed if c not in dataset[hub_split].column_names]
         if missing:
             raise ConfigError(_lacks(source, missing, dataset[hub_split].column_names))
@@ -155,7 +158,7 @@ def _class_labels_as_names(dataset: Dataset) -> Dataset:
     )
 
 
-def _load_file(path: str, columns: tuple[str, ...]) -> Dataset:
+def load_data_file(path: str, columns: tuple[str, ...]) -> Dataset:
     file = Path(path)
     if not file.is_file():
         raise ConfigError(f"data file {path} does not exist; check the path")

@@ -57,14 +57,17 @@ def classification_head(model: nn.Module) -> str:
     return found[-1]
 
 
-def wrap_with_lora(model: nn.Module, config) -> nn.Module:
+def wrap_with_lora(model: nn.Module, config, task_type: str = "SEQ_CLS") -> nn.Module:
     """The model with LoRA adapters (peft) on --lora_target_modules and a trainable copy of
-    --lora_modules_to_save (default: the classification head); every other weight frozen.
+    --lora_modules_to_save (default: a classifier's head; nothing for a causal LM, whose head is the
+    vocabulary's); every other weight frozen. `task_type`: peft's TaskType name (SEQ_CLS, CAUSAL_LM).
     A name the model lacks, or a model peft cannot wrap, is a one-line ConfigError."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     targets = config.lora_target_modules
-    to_save = config.lora_modules_to_save or [classification_head(model)]
+    to_save = config.lora_modules_to_save or (
+        [] if task_type == "CAUSAL_LM" else [classification_head(model)]
+    )
     if targets != [ALL_LINEAR]:
         _check_names_exist(model, targets, "--lora_target_modules", to_save)
         trained_in_full = [name for name in targets if name in to_save]
@@ -75,12 +78,12 @@ def wrap_with_lora(model: nn.Module, config) -> nn.Module:
             )
     _check_names_exist(model, to_save, "--lora_modules_to_save")
     lora = LoraConfig(
-        task_type=TaskType.SEQ_CLS,
+        task_type=getattr(TaskType, task_type),
         r=config.lora_r,
         lora_alpha=config.lora_alpha,
         lora_dropout=config.lora_dropout,
         target_modules=ALL_LINEAR if targets == [ALL_LINEAR] else list(targets),
-        modules_to_save=list(to_save),
+        modules_to_save=list(to_save) or None,
     )
     try:
         return get_peft_model(model, lora)
@@ -143,7 +146,8 @@ def save_merged_and_adapter(model: nn.Module, state_dict: dict, output_dir: str 
     copied = {name: t.clone() if ".base_layer." in name else t for name, t in state_dict.items()}
     fresh.load_state_dict(copied, strict=True, assign=True)
     saved = fresh.peft_config[fresh.active_adapter]  # peft appends its head names again on every wrap
-    saved.modules_to_save = list(dict.fromkeys(saved.modules_to_save))
+    if saved.modules_to_save:
+        saved.modules_to_save = list(dict.fromkeys(saved.modules_to_save))
     fresh.save_pretrained(Path(output_dir) / ADAPTER_DIR)
     merged = fresh.merge_and_unload()
     merged.save_pretrained(output_dir)

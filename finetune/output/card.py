@@ -52,9 +52,23 @@ def changed_flags(config: TrainConfig) -> dict:
 
 def weights_by_label(task: Task) -> dict[str, float] | None:
     """--class_weights as the run applied them: each weight beside its label (the task line's order)."""
-    if not task.class_weights:
+    if not getattr(task, "class_weights", None):  # none, or a family without classes
         return None
     return {name: round(weight, 6) for name, weight in zip(task.label_names, task.class_weights, strict=True)}
+
+
+@dataclasses.dataclass(frozen=True)
+class CardParts:
+    """What a task family's card says in place of a classifier's: its pipeline, what the model does,
+    and how to use it."""
+
+    pipeline_tag: str
+    tag: str
+    """The card's finetune tag besides `finetune` (glue-mnli, custom, causal-lm)."""
+    trained_on: str
+    """After "fine-tuned on": what the model learnt."""
+    use: tuple[str, ...]
+    """The Python lines of the card's Use section."""
 
 
 def is_model_card(path: Path) -> bool:
@@ -72,13 +86,16 @@ def write_model_card(
     machine: str,
     wall_s: float,
     given_flags: dict,
+    parts: CardParts | None = None,
 ) -> None:
-    """A Hugging Face model card (README.md): base model, data, flags, results, hardware, time."""
+    """A Hugging Face model card (README.md): base model, data, flags, results, hardware, time.
+    `parts`: another task family's pipeline, description and use (default: a classifier's)."""
+    parts = parts or _classifier_parts(config, task)
     is_local_base = Path(config.model_name_or_path).exists()
-    metadata = ["library_name: transformers", "pipeline_tag: text-classification"]
+    metadata = ["library_name: transformers", f"pipeline_tag: {parts.pipeline_tag}"]
     if not is_local_base:
         metadata.append(f"base_model: {config.model_name_or_path}")
-    metadata.append(f"tags: [finetune, {task.name if task.name == 'custom' else 'glue-' + task.name}]")
+    metadata.append(f"tags: [finetune, {parts.tag}]")
     from_hub = not config.uses_local_files and not Path(config.dataset_name).exists()
     if from_hub:
         metadata.append(f"datasets: [{config.dataset_name}]")
@@ -89,8 +106,6 @@ def write_model_card(
         else {"Hub" if from_hub else "local": f"{config.dataset_name}{subset}"}
     )
     flags = " ".join(f"--{k} {as_flag_value(v)}" for k, v in given_flags.items())
-    labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)
-    labels += " (multi-label: any number per text, independent sigmoids)" if task.multi_label else ""
     scores = [(k, results[k]) for k in task.metric_keys(per_class=False) if k in results]
     lines = [
         "---",
@@ -99,8 +114,7 @@ def write_model_card(
         "",
         f"# {Path(config.output_dir).name}",
         "",
-        f"`{config.model_name_or_path}` fine-tuned on **{task.name}** "
-        f"({' + '.join(task.text_columns)} → {labels}) with finetune.",
+        f"`{config.model_name_or_path}` fine-tuned on {parts.trained_on} with finetune.",
         "",
         "## Results",
         "",
@@ -115,7 +129,7 @@ def write_model_card(
         f"- steps: {results.get('global_step')} optimizer steps, {results.get('epoch')} epochs"
         + (" (stopped early)" if results.get("stopped_early") else ""),
         *_exported_model_line(config, results),
-        *([f"- class weights: {weights_by_label(task)}"] if task.class_weights else []),
+        *([f"- class weights: {weights_by_label(task)}"] if weights_by_label(task) else []),
         _long_documents_line(config),
         f"- hardware: {machine}, mixed precision {results.get('mixed_precision')}",
         f"- time: {results.get('train_runtime_s', 0):.1f} s training over the whole run "
@@ -130,17 +144,31 @@ def write_model_card(
         "## Use",
         "",
         "```python",
-        "from transformers import pipeline",
-        "",
-        f'classify = pipeline("text-classification", model="{config.hub_model_id or config.output_dir}"'
-        + (", top_k=None)  # every label's sigmoid score" if task.multi_label else ")"),
+        *parts.use,
         "```",
         "",
         f"![loss, learning rate and evaluation metrics]({CURVES_FILE})",
         "",
-        *_per_class_section(task, results),
+        *(_per_class_section(task, results) if isinstance(task, Task) else []),
     ]
     path.write_text("\n".join(lines))
+
+
+def _classifier_parts(config: TrainConfig, task: Task) -> CardParts:
+    labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)
+    labels += " (multi-label: any number per text, independent sigmoids)" if task.multi_label else ""
+    use = (
+        "from transformers import pipeline",
+        "",
+        f'classify = pipeline("text-classification", model="{config.hub_model_id or config.output_dir}"'
+        + (", top_k=None)  # every label's sigmoid score" if task.multi_label else ")"),
+    )
+    return CardParts(
+        pipeline_tag="text-classification",
+        tag=task.name if task.name == "custom" else "glue-" + task.name,
+        trained_on=f"**{task.name}** ({' + '.join(task.text_columns)} → {labels})",
+        use=use,
+    )
 
 
 def _held_out(config: TrainConfig) -> str | None:

@@ -36,7 +36,10 @@ def write_run_record(run, results: dict, predictions: list | None) -> None:
         else:
             with writing("the model card (README.md)", output_dir):
                 machine = hardware(accelerator)
-                write_model_card(card, config, task, results, run.rows, machine, wall_s, run.given_flags)
+                parts = run.family.card_parts(config, task)  # None: a classifier's
+                write_model_card(
+                    card, config, task, results, run.rows, machine, wall_s, run.given_flags, parts
+                )
     with writing(CONFUSION_FILE, output_dir):  # custom single-label tasks only
         plot_confusion_matrix(results, output_dir / CONFUSION_FILE)
     # Last: results.json marks a finished run.

@@ -39,12 +39,11 @@ import torch
 from optuna.trial import TrialState
 
 from finetune.config.parser import parse_config
-from finetune.config.resolved import choose_metric
 from finetune.config.train_config import TrainConfig
-from finetune.data.splits import load_splits
 from finetune.distributed.accelerator import fresh_accelerate_state, leave_process_group
 from finetune.distributed.ranks import launcher_rank, launcher_world_size, say_once
 from finetune.errors import ConfigError, Stopped, TrainingFailed, TrainingInterrupted
+from finetune.families import family_for
 from finetune.output.tracking import trackers_for
 from finetune.run import run_config, setup
 from finetune.studies import claims
@@ -172,8 +171,9 @@ def objective(base: TrainConfig) -> tuple[str, bool]:
             "(--eval_steps N, which pruning also uses) or epoch",
             flag="--eval_strategy",
         )
-    task, splits = load_splits(base)
-    chosen = choose_metric(base, task, splits)
+    family = family_for(base.task_type)
+    task, splits = family.load(base)
+    chosen = family.choose_metric(base, task, splits)
     return chosen["metric_for_best_model"], chosen["greater_is_better"]
 
 

@@ -14,21 +14,18 @@ from finetune.model.lora import ADAPTER_DIR, is_peft_model, with_adapter_weights
 from finetune.output.export import export_model
 from finetune.output.writing import writing
 from finetune.training.checkpoint import BEST_MODEL_DIR, BEST_RECORD, TrainState
-from finetune.training.evaluation import evaluate_splits
 from finetune.training.meter import _fractional_epoch
 
 if TYPE_CHECKING:  # annotations only: training/loop.py imports this module
     from finetune.training.loop import Run
 
 
-def _evaluate_and_keep_best(run: Run, metric, stop: StopSignals, progress) -> None:
+def _evaluate_and_keep_best(run: Run, evaluate, stop: StopSignals, progress) -> None:
     """Collective: one evaluation, logged (metrics.jsonl, trackers, progress bar); a new best is
     exported to best_model/; the early-stopping count is updated. A stop signal abandons it
     (`EvaluationAbandoned`)."""
     accelerator, config, state = run.accelerator, run.config, run.state
-    scores = evaluate_splits(
-        accelerator, run.model, run.eval_loaders, metric, run.task, lambda: stop.requested(accelerator)
-    )
+    scores = evaluate(run.model, run.eval_loaders, lambda: stop.requested(accelerator))  # the family's
     result = {"step": state.global_step, "epoch": _fractional_epoch(run), **scores}
     improved = _keep_best_and_count(config, state, result)
     if accelerator.is_main_process:

@@ -13,14 +13,13 @@ from accelerate import skip_first_batches
 from tqdm.auto import tqdm
 
 from finetune.config.train_config import TrainConfig
-from finetune.data.tasks import Task
 from finetune.distributed.signals import StopSignals
 from finetune.errors import TrainingFailed, TrainingInterrupted
 from finetune.output.tracking import MetricsLog
 from finetune.speed.cuda_graphs import GraphedSteps
 from finetune.training.best import _evaluate_and_keep_best, stopped_early
 from finetune.training.checkpoint import PREFIX, TrainState, complete_checkpoints, save_checkpoint
-from finetune.training.evaluation import EvaluationAbandoned, forward_backward, load_metric
+from finetune.training.evaluation import EvaluationAbandoned
 from finetune.training.meter import _fractional_epoch, _Meter, model_flops_utilization
 from finetune.training.steps import StepPlan
 
@@ -31,7 +30,11 @@ class Run:
 
     config: TrainConfig
     """What the run trains with: the flags, each auto and derived choice resolved (train_config.json)."""
-    task: Task
+    family: object
+    """The task family (finetune.families): the micro-batch's loss and units, the evaluation."""
+    task: object
+    """The family's task: what the run learns, its metrics and evaluation splits (a `data.tasks.Task` for
+    classification)."""
     accelerator: object
     model: object
     tokenizer: object
@@ -78,9 +81,9 @@ def train(run: Run, stop: StopSignals):
     accelerator, model, config, plan, state = run.accelerator, run.model, run.config, run.plan, run.state
     world_size = accelerator.num_processes
     full_window = config.per_device_train_batch_size * config.gradient_accumulation_steps * world_size
-    metric = load_metric(run.task, accelerator)
+    evaluate = run.family.evaluator(run.task, accelerator)  # collective
     run.first_nonfinite_step = torch.zeros((), dtype=torch.int64, device=accelerator.device)
-    window_samples, window_weight = 0, None  # pairs (and their loss weights) in this update so far
+    window_samples, window_units = 0, None  # rows (and the loss's units) in this update so far
     # A context manager: the bar is closed before any error message is printed.
     with tqdm(
         total=plan.total_updates,
@@ -94,7 +97,7 @@ def train(run: Run, stop: StopSignals):
         if state.for_export:  # resumed from the checkpoint written for the export: training is over
             return meter.run_seconds()
         # Resumed from a checkpoint whose evaluation a stop signal abandoned: that step's evaluation first.
-        meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
+        meter.exclude(_evaluate_if_due(run, evaluate, stop, progress))  # collective
         model.train()
         halted = False  # early stopping or on_evaluation ended training mid-epoch
         for epoch in range(state.epoch, plan.num_epochs):
@@ -111,24 +114,21 @@ def train(run: Run, stop: StopSignals):
             for batch in batches:
                 if state.global_step >= plan.total_updates:  # also: resumed after the last step
                     break
-                labels = batch.pop("labels")
-                weight = batch.pop("weight", None)  # --window_loss_weighting document: 1 / the doc's windows
                 with accelerator.accumulate(model):  # no gradient all-reduce until the window's last one
-                    summed = _forward_backward(run, batch, labels, weight)
-                window_samples += labels.shape[0]
-                weights = None if weight is None else weight.sum(dtype=torch.float64)
-                if weights is not None:  # on the device
-                    window_weight = weights if window_weight is None else window_weight + weights
+                    summed, units, rows = _forward_backward(run, batch)
+                window_samples += rows
+                if units is not None:  # on the device: target tokens, or the rows' loss weights
+                    window_units = units if window_units is None else window_units + units
                 state.micro_batches_in_epoch += 1
-                meter.add(summed, batch["attention_mask"], labels.shape[0], weights)
+                meter.add(summed, batch["attention_mask"], rows, units)
                 if not accelerator.sync_gradients:  # the same on every rank: the window goes on
                     continue
                 # Collective; on the device.
-                meter.grad_norm = _optimizer_step(run, window_samples, full_window, window_weight)
+                meter.grad_norm = _optimizer_step(run, window_samples, full_window, window_units)
                 state.global_step += 1
-                window_samples, window_weight = 0, None
+                window_samples, window_units = 0, None
                 progress.update(1)
-                halted = after_update(run, metric, stop, progress)  # collective: log, evaluate, checkpoint
+                halted = after_update(run, evaluate, stop, progress)  # collective: log, evaluate, checkpoint
                 if halted:
                     break
             if halted:
@@ -160,7 +160,7 @@ def _keep_for_export(run: Run, stop: StopSignals) -> None:
         raise TrainingInterrupted(signal_name, state.global_step, checkpoint)
 
 
-def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
+def after_update(run: Run, evaluate, stop: StopSignals, progress) -> bool:
     """Collective: what follows an optimizer update, in this order: the log line when one is due (rank 0
     writes it), the evaluation when one is due, the checkpoint when one is due, a stop signal's checkpoint
     and `TrainingInterrupted`. Returns whether early stopping (or `run.on_evaluation`) ends training here."""
@@ -171,7 +171,7 @@ def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
             run.log.log(record)
         progress.set_postfix(loss=f"{record['loss']:.4f}", samples_s=f"{record['samples_per_second']:.0f}")
     # Before the checkpoint, so one written at this step holds this evaluation's counters.
-    meter.exclude(_evaluate_if_due(run, metric, stop, progress))  # collective
+    meter.exclude(_evaluate_if_due(run, evaluate, stop, progress))  # collective
     _checkpoint_or_stop(run, stop)  # collective
     evaluated = state.last_eval_step == state.global_step  # just now: a step is never evaluated twice
     hook = run.on_evaluation
@@ -180,17 +180,15 @@ def after_update(run: Run, metric, stop: StopSignals, progress) -> bool:
     return stopped_early(config, state)
 
 
-def _forward_backward(run: Run, batch: dict, labels: torch.Tensor, weight) -> torch.Tensor:
-    """One micro-batch: its summed loss, its gradients accumulated; replayed as a CUDA graph (--cuda_graphs)
-    or eager. Collective under DDP: backward all-reduces on the window's last micro-batch."""
-    if run.graphs is not None:
-        return run.graphs.forward_backward(batch, labels, weight)
-    return forward_backward(
-        run.model, run.accelerator, run.task, batch, labels, weight, run.config.per_device_train_batch_size
-    )
+def _forward_backward(run: Run, batch: dict):
+    """One micro-batch: (its summed loss, its units, its rows), its gradients accumulated: the family's
+    step, replayed as a CUDA graph (--cuda_graphs) or eager. Collective under DDP: backward all-reduces
+    on the window's last micro-batch."""
+    divisor = run.config.per_device_train_batch_size
+    return run.family.forward_backward(run.model, run.accelerator, run.task, batch, divisor, run.graphs)
 
 
-def _optimizer_step(run: Run, window_samples: int, full_window: int, window_weight=None) -> torch.Tensor:
+def _optimizer_step(run: Run, window_samples: int, full_window: int, window_units=None) -> torch.Tensor:
     """Collective: one update from the accumulated gradients; returns their norm, on the device.
 
     Nothing here waits for the device. A NaN or inf norm (identical on every rank after the
@@ -198,8 +196,8 @@ def _optimizer_step(run: Run, window_samples: int, full_window: int, window_weig
     in fp16 GradScaler skips it itself) and the step is kept in `run.first_nonfinite_step`, read at
     the next log line, checkpoint or evaluation, which fail the run naming that step."""
     accelerator, model, config = run.accelerator, run.model, run.config
-    if accelerator.gradient_state.end_of_dataloader or window_weight is not None:  # every rank at once
-        _average_over_real_window(accelerator, model, window_samples, full_window, window_weight)
+    if accelerator.gradient_state.end_of_dataloader or window_units is not None:  # every rank at once
+        _average_over_real_window(accelerator, model, window_samples, full_window, window_units)
     # With clipping off the norm is still measured (max inf): it is the NaN guard.
     grad_norm = whole_norm(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf))
     nonfinite = ~torch.isfinite(grad_norm)
@@ -286,7 +284,7 @@ def _evaluation_due(config: TrainConfig, plan: StepPlan, state: TrainState) -> b
     return step % config.eval_steps == 0
 
 
-def _evaluate_if_due(run: Run, metric, stop: StopSignals, progress) -> float:
+def _evaluate_if_due(run: Run, evaluate, stop: StopSignals, progress) -> float:
     """Collective: the evaluation this step is due (see `_evaluation_due`), if any; its seconds.
 
     A stop signal abandons it: a checkpoint of this step (which the resumed run evaluates) and
@@ -296,7 +294,7 @@ def _evaluate_if_due(run: Run, metric, stop: StopSignals, progress) -> float:
     _raise_if_diverged(run)  # no evaluation, hence no best_model/, of skipped-step weights
     tic = time.perf_counter()
     try:
-        _evaluate_and_keep_best(run, metric, stop, progress)
+        _evaluate_and_keep_best(run, evaluate, stop, progress)
     except EvaluationAbandoned:  # on every rank
         run.meter.exclude(time.perf_counter() - tic)  # the checkpoint's training seconds leave it out
         signal_name = stop.received or "SIGTERM"  # a peer's signal; preemption is the usual cause
@@ -305,20 +303,22 @@ def _evaluate_if_due(run: Run, metric, stop: StopSignals, progress) -> float:
 
 
 def _average_over_real_window(
-    accelerator, model, window_samples: int, full_window: int, window_weight: torch.Tensor | None = None
+    accelerator, model, window_samples: int, full_window: int, window_units: torch.Tensor | None = None
 ) -> None:
     """Collective. The epoch's last window may hold fewer pairs (fewer micro-batches, a short last
     batch): rescale its gradients so the update is the mean over the pairs it really saw, not
     their sum divided by a full window (what accumulate alone, HF Trainer and Lightning do).
-    `window_weight` (--window_loss_weighting document; every window): this rank's pairs' loss weights
-    summed, so the update is the weighted mean over every rank's pairs: the weights' sum replaces the
-    count of pairs. With several processes the scale stays on the device: no wait for it."""
-    if accelerator.num_processes == 1 and window_weight is None:
+    `window_units` (every window of a family whose loss is over units: target tokens, or
+    --window_loss_weighting document's weights): this rank's units summed, so the update is the sum of
+    every rank's losses over every rank's units (the loss's mean per target token, or the pairs'
+    weighted mean), whatever the window's cut: the units' sum replaces the count of pairs. With
+    several processes the scale stays on the device: no wait for it."""
+    if accelerator.num_processes == 1 and window_units is None:
         if window_samples == full_window:
             return
         scale = full_window / window_samples
     else:
-        seen = window_weight
+        seen = window_units
         if seen is None:
             seen = torch.tensor(window_samples, device=accelerator.device, dtype=torch.float64)
         scale = full_window / accelerator.reduce(seen, "sum")

@@ -1,0 +1,14 @@
+"""Task families: what a run learns (sequence classification, causal-LM SFT), plugged into the one loop."""
+
+from __future__ import annotations
+
+
+def family_for(task_type: str):
+    """The family of --task_type (imported here, when asked for: each brings its own modules)."""
+    if task_type == "causal_lm":
+        from finetune.families.causal_lm.family import CausalLM
+
+        return CausalLM()
+    from finetune.families.classification import SequenceClassification
+
+    return SequenceClassification()

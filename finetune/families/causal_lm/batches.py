@@ -1,0 +1,68 @@
+"""A causal-LM micro-batch: padded on the right, its targets shifted one to the left in the collator,
+and its loss summed over exactly the target tokens counted from the same tensor."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from finetune.data.batching import bucket
+from finetune.families.causal_lm.conversations import IGNORE
+
+
+class CausalLmCollator:
+    """input_ids and attention_mask padded on the right (a causal model's real tokens never see the
+    padding), rounded up to `pad_to_multiple_of` and capped at `max_length`; `labels` are the targets
+    already shifted: position i holds token i+1's id where that token is a target, else -100, so the
+    loss reads logits and labels as they are and the last real token of a row predicts nothing.
+    Other columns (`row`) are one value per row."""
+
+    def __init__(
+        self, pad_token_id: int, pad_to_multiple_of: int | None = None, max_length: int | None = None
+    ):
+        self.pad_token_id = pad_token_id
+        self.multiple = pad_to_multiple_of or 1
+        self.max_length = max_length
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        rows = len(features)
+        width = bucket(max(len(f["input_ids"]) for f in features), self.multiple, self.max_length)
+        input_ids = np.full((rows, width), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((rows, width), dtype=np.int64)
+        labels = np.full((rows, width), IGNORE, dtype=np.int64)
+        for i, feature in enumerate(features):
+            ids = feature["input_ids"]
+            input_ids[i, : len(ids)] = ids
+            mask[i, : len(ids)] = 1
+            if "labels" in feature:
+                labels[i, : len(ids) - 1] = feature["labels"][1:]
+        batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+        if "labels" in features[0]:
+            batch["labels"] = torch.from_numpy(labels)
+        for key in features[0]:
+            if key not in ("input_ids", "attention_mask", "labels"):
+                batch[key] = torch.tensor([f[key] for f in features])
+        return batch
+
+
+def target_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the cross-entropy summed over the target tokens, in fp32, their count as float64), both read
+    from the same selection of `labels`, so the count cannot drift from the sum. Only the targets'
+    logits are cast to fp32: a whole [rows, tokens, vocabulary] copy would not be."""
+    targets = labels != IGNORE
+    picked = logits[targets].float()
+    summed = F.cross_entropy(picked, labels[targets], reduction="sum")
+    return summed, targets.sum(dtype=torch.float64)
+
+
+def row_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: (the summed cross-entropy of its targets, float64; their count): evaluation gathers rows,
+    so each is counted once however the rows were sharded, batched and padded."""
+    targets = labels != IGNORE
+    rows = targets.nonzero()[:, 0]
+    losses = F.cross_entropy(logits[targets].float(), labels[targets], reduction="none").double()
+    summed = torch.zeros(labels.shape[0], dtype=torch.float64, device=labels.device).index_add_(
+        0, rows, losses
+    )
+    return summed, targets.sum(dim=1)

@@ -1,0 +1,221 @@
+"""One checked row (see rows.py) as token ids and its loss mask, as TRL's SFTTrainer builds them.
+
+Text trains on every token; a prompt and its completion on the completion and the EOS after it; a
+conversation, rendered by the tokenizer's chat template, on its assistant turns, each through its
+end-of-turn token. The assistant turns are found by rendering the conversation's prefixes, not by the
+`{% generation %}` markers that few templates have: the characters an assistant turn adds to the
+conversation before it (with the generation prompt) are its targets, and each token that starts in them
+is one. A template or tokenizer that would make this wrong is refused, naming the row: nothing trains
+silently on the wrong tokens, or on none."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jinja2 import TemplateError
+
+from finetune.errors import shorten
+from finetune.families.causal_lm.rows import refusal
+
+IGNORE = -100
+"""The label of a token that is no target: what the loss (PyTorch's cross_entropy) skips."""
+
+EVERY_TOKEN = "--assistant_only_loss false"
+TEMPLATE_FIX = "give --chat_template FILE.jinja"
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A row's tokens and their labels, aligned and not shifted: labels[i] is input_ids[i] where token i
+    is a target, else -100 (the loss shifts them to predict each token from those before it)."""
+
+    input_ids: list[int]
+    labels: list[int]
+    truncated: bool
+    """Whether the row had more than max_length tokens (the first max_length kept)."""
+
+    @property
+    def targets(self) -> int:
+        """How many tokens the loss trains on: 0 when truncation cut them all (the caller drops the row)."""
+        return sum(label != IGNORE for label in self.labels)
+
+
+def encode_row(
+    row: dict,
+    fmt: str,
+    tokenizer,
+    *,
+    max_length: int,
+    completion_only_loss: bool = True,
+    assistant_only_loss: bool = True,
+    row_number: int,
+    source: str,
+) -> Encoded:
+    """`row`, checked by check_rows as a row of `fmt`, as token ids and labels, cut to `max_length` tokens.
+
+    completion_only_loss: a prompt-completion row trains on its completion only (else on every token).
+    assistant_only_loss: a conversation trains on its assistant turns only (else on every token); one
+    without an assistant turn (in its completion, for a conversational prompt-completion) is refused."""
+
+    def refuse(what: str, fix: str):
+        return refusal(source, row_number, what, fix)
+
+    if fmt == "text":
+        ids = _ending_with_eos(tokenizer(row["text"])["input_ids"], tokenizer, refuse)
+        labels = list(ids)
+    elif fmt == "prompt_completion" and isinstance(row["prompt"], str):
+        ids, labels = _prompt_completion(
+            row["prompt"], row["completion"], tokenizer, completion_only_loss, refuse
+        )
+    else:
+        if fmt == "messages":
+            messages, prompt_turns = row["messages"], None
+        else:  # conversational prompt-completion: the prompt's turns are context, never targets
+            messages = row["prompt"] + row["completion"]
+            prompt_turns = len(row["prompt"]) if completion_only_loss else None
+        ids, labels = _conversation(messages, prompt_turns, tokenizer, assistant_only_loss, refuse)
+    return Encoded(ids[:max_length], labels[:max_length], truncated=len(ids) > max_length)
+
+
+def _ending_with_eos(ids: list[int], tokenizer, refuse) -> list[int]:
+    """`ids` with the tokenizer's EOS after them, unless they end with it: what teaches the model to stop."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise refuse(
+            "has no EOS token to end it with: the tokenizer has none",
+            "give a tokenizer with an eos_token (in its tokenizer_config.json)",
+        )
+    return ids if ids and ids[-1] == eos else [*ids, eos]
+
+
+def _prompt_completion(prompt: str, completion: str, tokenizer, completion_only_loss: bool, refuse):
+    """The prompt, the completion and EOS, tokenized as TRL does: the prompt alone (for its length) and
+    with the completion appended (for the ids), with the tokenizer's own special tokens (a BOS). The
+    prompt's tokens must begin the whole's, or its last ones would be cut or trained on."""
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    ids = tokenizer(prompt + completion)["input_ids"]
+    if ids[: len(prompt_ids)] != prompt_ids:
+        raise refuse(
+            "has a prompt whose tokens change when its completion is appended (its last token merges "
+            f"with the completion's start: it ends with {prompt[-12:]!r})",
+            "end the prompt at a token boundary, e.g. move its trailing space into the completion",
+        )
+    ids = _ending_with_eos(ids, tokenizer, refuse)
+    if not completion_only_loss:
+        return ids, list(ids)
+    return ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids) :]
+
+
+def _conversation(
+    messages: list[dict], prompt_turns: int | None, tokenizer, assistant_only_loss: bool, refuse
+):
+    """The conversation rendered by the chat template and tokenized once, with no special tokens added
+    (the template writes its own). Targets: the assistant turns, those of the completion only where
+    `prompt_turns` (the prompt's length) is given; not assistant_only_loss, every token of the completion
+    after the generation prompt, or of the conversation where no prompt is given."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise refuse("is a conversation, but the tokenizer has no chat template", TEMPLATE_FIX)
+    # A message's null fields are not the row's: `datasets` fills a field that some messages have with
+    # null in the others, and a template asking `is defined` would render them.
+    messages = [{key: value for key, value in m.items() if value is not None} for m in messages]
+
+    def render(turns: list[dict], add_generation_prompt: bool = False) -> str:
+        try:
+            return tokenizer.apply_chat_template(
+                turns, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        except TemplateError as error:
+            reason = shorten(" ".join(str(error).split()), 120)
+            raise refuse(
+                f"cannot be rendered by the chat template ({reason})",
+                f"fix the row, or {TEMPLATE_FIX} that renders it",
+            ) from None
+
+    full = render(messages)
+    if not assistant_only_loss and prompt_turns is None:
+        ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+        return ids, list(ids)
+    spans = _target_spans(messages, prompt_turns, full, render, assistant_only_loss, refuse)
+    try:
+        encoding = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:  # a Python ("slow") tokenizer has no character offsets
+        raise refuse(
+            "needs the tokens' character offsets to find its assistant turns, and the tokenizer gives none",
+            f"give a fast tokenizer (tokenizer.json), or {EVERY_TOKEN}",
+        ) from None
+    ids = encoding["input_ids"]
+    return ids, _labels_in_spans(ids, encoding["offset_mapping"], spans, full, refuse)
+
+
+def _target_spans(messages, prompt_turns: int | None, full: str, render, assistant_only_loss: bool, refuse):
+    """The (start, end) characters of `full` to train on, each keyed by its message, in order.
+
+    An assistant turn's: what it adds to the conversation before it, after the generation prompt, less
+    trailing whitespace (ChatML's newline after <|im_end|> is the next turn's start, never predicted at
+    the end of a reply). Found only where the template renders each turn the same wherever it stands:
+    the prompt for turn i must begin the conversation through turn i, and that the whole conversation."""
+    if not assistant_only_loss:  # the completion of a conversational prompt-completion, whole
+        before = render(messages[:prompt_turns], add_generation_prompt=True)
+        if not full.startswith(before):
+            raise refuse(
+                "is rendered by the chat template so that its prompt with the generation prompt does not "
+                "begin the whole conversation",
+                f"{TEMPLATE_FIX} that renders each turn the same wherever it stands, or "
+                "--completion_only_loss false",
+            )
+        return [(len(before), len(full.rstrip()), prompt_turns)]
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i >= (prompt_turns or 0)]
+    if not turns:
+        where = "" if prompt_turns is None else " in its completion"
+        raise refuse(f"has no assistant turn{where} to train on", f"add one, or {EVERY_TOKEN}")
+    if turns[0] == 0:
+        raise refuse(
+            "begins with an assistant turn, whose prompt cannot be rendered (no conversation before it)",
+            f"begin it with a user or system turn, or {EVERY_TOKEN}",
+        )
+    spans = []
+    for i in turns:
+        before = render(messages[:i], add_generation_prompt=True)
+        through = render(messages[: i + 1])
+        if not (through.startswith(before) and full.startswith(through)):
+            raise refuse(
+                f"is rendered by the chat template differently in part than whole (message {i}), so "
+                "its assistant turns cannot be found (e.g. a template that drops earlier turns' reasoning)",
+                f"{TEMPLATE_FIX} that renders each turn the same wherever it stands, or {EVERY_TOKEN}",
+            )
+        end = len(through.rstrip())
+        if end <= len(before):
+            raise refuse(
+                f"has an assistant turn that the chat template renders as nothing (message {i})",
+                f"{TEMPLATE_FIX} that writes every assistant turn, or {EVERY_TOKEN}",
+            )
+        spans.append((len(before), end, i))
+    return spans
+
+
+def _labels_in_spans(ids: list[int], offsets, spans, text: str, refuse) -> list[int]:
+    """Each token that starts inside a span is a target. Every character of a span but whitespace must
+    be in a target token: a token across a span's start (a template whose turn starts inside a token) or
+    a tokenizer whose offsets are empty would otherwise cut or lose targets without a word."""
+    labels = [IGNORE] * len(ids)
+    reach = [start for start, _, _ in spans]  # how far each span's target tokens cover it so far
+    k = 0
+    for t, (start, end) in enumerate(offsets):
+        while k < len(spans) and spans[k][1] <= start:
+            k += 1
+        if k == len(spans):
+            break
+        if start < spans[k][0]:
+            continue
+        if text[reach[k] : start].strip():
+            break  # a gap: reported below with its message
+        labels[t] = ids[t]
+        reach[k] = max(reach[k], end)
+    for (_, end, message), covered in zip(spans, reach, strict=True):
+        if text[covered:end].strip():
+            raise refuse(
+                f"has characters of message {message}'s targets in no token that starts in them (the chat "
+                "template's turn boundary falls inside a token, or the tokenizer gives no offsets)",
+                f"{TEMPLATE_FIX} whose turns start at token boundaries, or {EVERY_TOKEN}",
+            )
+    return labels

@@ -1,0 +1,174 @@
+"""A causal-LM run's rows: read (local files or --dataset_name), checked, and encoded as token ids with
+their targets (finetune/families/causal_lm/conversations.py); rows truncated to --max_length are
+counted, and rows left with no target token dropped and counted, on the task line."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from datasets import Dataset
+
+from finetune.data.sources import load_data_file, load_dataset_splits
+from finetune.data.tokenization import tokenizer_state
+from finetune.errors import ConfigError
+from finetune.families.causal_lm.conversations import IGNORE, encode_row
+from finetune.families.causal_lm.rows import check_rows, detect_format
+
+FORMAT_WORDS = {
+    "messages": "conversations (messages)",
+    "prompt_completion": "prompt-completion pairs",
+    "conversational_prompt_completion": "conversational prompt-completion pairs",
+    "text": "plain text",
+}
+
+
+@dataclass(frozen=True)
+class LmTask:
+    """What a causal-LM run learns: the format its rows hold and what in them is trained."""
+
+    format: str
+    """messages, prompt_completion, conversational_prompt_completion or text (detected from the columns)."""
+    trained_on: str
+    """Which tokens are targets, as the task line says it."""
+    name: str = "causal_lm"
+    metrics: tuple[str, ...] = ("perplexity",)
+    """Besides eval_loss (the mean cross-entropy per target token); exp(eval_loss)."""
+    validation_splits: tuple[str, ...] = ("validation",)
+    counts: dict = field(default_factory=dict)
+    """Per split, filled by `encode_splits`: rows kept, truncated, dropped (no target token left)."""
+
+    def metric_keys(self, per_class: bool = True) -> list[str]:
+        return [f"eval_{metric}" for metric in self.metrics]
+
+    def summary(self) -> str:
+        """The run's task line: the format, what is trained, and each split's rows as encoded."""
+        splits = "; ".join(f"{name} {c['rows']:,} rows{_notes(c)}" for name, c in self.counts.items())
+        return f"task: causal_lm, {FORMAT_WORDS[self.format]}, loss on {self.trained_on}; {splits}"
+
+
+def _notes(counts: dict) -> str:
+    notes = [f"{counts['truncated']:,} truncated to --max_length"] if counts["truncated"] else []
+    notes += [f"{counts['dropped']:,} left with no target dropped"] if counts["dropped"] else []
+    return f" ({', '.join(notes)})" if notes else ""
+
+
+def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
+    """The task and its raw splits (train, validation, test as the run needs them), checked row by row."""
+    wanted = {
+        "train": config.do_train,
+        "validation": config.evaluates_training or not config.do_train,
+        "test": config.do_predict,
+    }
+    if config.uses_local_files:
+        files = {"train": config.train_file, "validation": config.validation_file, "test": config.test_file}
+        sources = {name: path for name, path in files.items() if path and wanted[name]}
+        splits = {name: load_data_file(path, ()) for name, path in sources.items()}
+    else:
+        splits, sources = load_dataset_splits(config, None, wanted, (), labelled=False)
+    formats = {}
+    for name, split in splits.items():
+        fmt = detect_format(split.column_names, sources[name])
+        check_rows(split, fmt, sources[name])
+        formats[name] = _conversational(fmt, split)
+    trained = {n: f for n, f in formats.items() if n != "test"}
+    if len(set(trained.values())) > 1:
+        shown = ", ".join(f"{sources[n]}: {FORMAT_WORDS[f]}" for n, f in trained.items())
+        raise ConfigError(f"the splits hold different formats ({shown}); give every split the same columns")
+    fmt = next(iter(trained.values()), next(iter(formats.values())))
+    return LmTask(fmt, _trained_on(fmt, config)), splits
+
+
+def _conversational(fmt: str, split: Dataset) -> str:
+    """TRL's conversational prompt-completion: prompt and completion cells that are message lists."""
+    if fmt == "prompt_completion" and len(split) and isinstance(split[0]["prompt"], list):
+        return "conversational_prompt_completion"
+    return fmt
+
+
+def _trained_on(fmt: str, config) -> str:
+    if fmt == "text":
+        return "every token"
+    if fmt == "prompt_completion":
+        return "the completion and its EOS" if config.completion_only_loss else "every token"
+    template = f"chat template {config.chat_template}" if config.chat_template else "the tokenizer's template"
+    if not config.assistant_only_loss:
+        return f"every token ({template})"
+    where = "the completion's assistant turns" if fmt.startswith("conversational") else "assistant turns"
+    return f"{where} through their end-of-turn token ({template})"
+
+
+def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) -> dict[str, Dataset]:
+    """Collective (rank 0 encodes first, the others read datasets' cache): `input_ids`, `labels` (-100
+    where a token is no target; not shifted), `length`; test rows carry their `row` number. Training and
+    validation rows left with no target after truncation are dropped: counted in `task.counts`."""
+    fmt = "prompt_completion" if task.format == "conversational_prompt_completion" else task.format
+    options = {
+        "max_length": config.max_length,
+        "completion_only_loss": config.completion_only_loss,
+        "assistant_only_loss": config.assistant_only_loss,
+    }
+    decides = (fmt, options, tokenizer_state(tokenizer), tokenizer.chat_template)
+
+    def encode(batch, rows, source):
+        encoded = {"input_ids": [], "labels": [], "length": [], "truncated": [], "targets": [], "row": []}
+        for i, row_number in enumerate(rows):
+            row = {column: values[i] for column, values in batch.items()}
+            done = encode_row(row, fmt, tokenizer, **options, row_number=row_number, source=source)
+            encoded["input_ids"].append(done.input_ids)
+            encoded["labels"].append(done.labels)
+            encoded["length"].append(len(done.input_ids))
+            encoded["truncated"].append(done.truncated)
+            # Predicted targets: the first token has nothing before it, so it never counts.
+            encoded["targets"].append(sum(label != IGNORE for label in done.labels[1:]))
+            encoded["row"].append(row_number)
+        return encoded
+
+    encoded = {}
+    with accelerator.main_process_first():
+        for name, split in splits.items():
+            source = _source(config, name)
+            encoded[name] = split.map(
+                encode,
+                batched=True,
+                with_indices=True,
+                fn_kwargs={"source": source},
+                remove_columns=split.column_names,
+                desc=f"encode {name}",
+                new_fingerprint=_key(split, name, decides),
+            )
+    for name, split in encoded.items():
+        truncated = sum(split["truncated"])
+        if name != "test":
+            kept = split.filter(lambda targets: targets > 0, input_columns="targets", desc=f"targets {name}")
+            if len(kept) == 0:
+                raise ConfigError(
+                    f"{_source(config, name)}: no row has a target token left within --max_length "
+                    f"{config.max_length}; raise --max_length"
+                )
+            task.counts[name] = {"rows": len(kept), "truncated": truncated, "dropped": len(split) - len(kept)}
+            split = kept.remove_columns("row")  # only predictions need their row back
+        else:
+            task.counts[name] = {"rows": len(split), "truncated": truncated, "dropped": 0}
+        encoded[name] = split
+    return encoded
+
+
+def _source(config, split: str) -> str:
+    files = {"train": config.train_file, "validation": config.validation_file, "test": config.test_file}
+    return files.get(split) or f"{config.dataset_name}:{split}"
+
+
+def _key(split: Dataset, name: str, decides: tuple) -> str:
+    """datasets' cache key for one split's encoding: its rows, what decides the tokens, and the code."""
+    parts = (split._fingerprint, name, decides, _code_digest())
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def _code_digest() -> str:
+    here = Path(__file__)  # this module and what it calls to encode
+    code = b"".join(here.with_name(name).read_bytes() for name in ("data.py", "rows.py", "conversations.py"))
+    return hashlib.sha256(code).hexdigest()

@@ -1,0 +1,211 @@
+"""`--task_type causal_lm`: the family's model (AutoModelForCausalLM, full or LoRA), its loss (summed
+cross-entropy over target tokens, their count as units), its evaluation (eval_loss per target token and
+eval_perplexity, each row counted once on any number of processes) and its refusals."""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from finetune.config.train_config import greater_is_better_default
+from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
+from finetune.errors import ConfigError
+from finetune.families.causal_lm.batches import CausalLmCollator, row_losses, target_loss
+from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits
+from finetune.families.family import Evaluator, MicroBatch
+from finetune.hub import hub_error
+from finetune.model.lora import wrap_with_lora
+from finetune.model.options import loading_error, refuse_checkpoint_dtype
+from finetune.output.card import CardParts
+from finetune.speed.malloc import keep_freed_memory, resolve_keep_freed_memory
+from finetune.speed.memory import enable_gradient_checkpointing
+from finetune.training.evaluation import EvaluationAbandoned
+
+REFUSED = {  # flag: (the value that asks for it, why this family refuses it)
+    "calibrate": ("none", "rescales a classifier's softmax"),
+    "long_documents": ("truncate", "windows a classifier's documents; a causal LM truncates at --max_length"),
+    "class_weights": (None, "weighs a classifier's labels"),
+    "label_smoothing_factor": (0.0, "smooths a classifier's labels"),
+    "auto_find_batch_size": (False, "is not measured for causal LMs yet; set --per_device_train_batch_size"),
+    "do_predict": (False, "(generation) is not built for causal_lm yet; evaluate with --validation_file"),
+}
+
+
+class CausalLM:
+    name = "causal_lm"
+    pipeline_tag = "text-generation"
+    captures_cuda_graphs = False
+
+    def load(self, config) -> tuple[LmTask, dict]:
+        if config.task_name != "mnli":  # the default; any other was asked for
+            raise ConfigError(
+                f"--task_name {config.task_name} names a classification task; --task_type causal_lm reads "
+                "its task from the data: drop --task_name",
+                flag="--task_name",
+                fix="drop --task_name",
+            )
+        for flag, (default, why) in REFUSED.items():
+            if getattr(config, flag) != default:
+                raise ConfigError(f"--{flag} {why}; drop it for --task_type causal_lm", flag=f"--{flag}")
+        if config.padding_free == "varlen" or config.cuda_graphs == "true":
+            flag = "--padding_free" if config.padding_free == "varlen" else "--cuda_graphs"
+            raise ConfigError(f"{flag} is not built for causal_lm yet; drop it", flag=flag)
+        if config.chat_template and not Path(config.chat_template).is_file():
+            raise ConfigError(f"--chat_template {config.chat_template}: no such file; give a .jinja file")
+        return load_lm_splits(config)
+
+    def choose_metric(self, config, task: LmTask, splits: dict) -> dict:
+        measured = ["eval_loss", *task.metric_keys()] if "validation" in splits else ["eval_loss"]
+        metric = config.metric_for_best_model or "eval_loss"
+        if config.evaluates_training and metric not in measured:
+            raise ConfigError(f"--metric_for_best_model {metric}: this run measures {', '.join(measured)}")
+        greater = config.greater_is_better
+        return {
+            "metric_for_best_model": metric,
+            "greater_is_better": greater_is_better_default(metric) if greater is None else greater,
+        }
+
+    def check(self, config, task: LmTask, splits: dict) -> None:
+        """Everything is refused in `load`, before the data is read."""
+
+    def build_model(
+        self, args, task: LmTask, accelerator, loading: dict, bf16_native: bool, cuda_graphs: str
+    ):
+        model, tokenizer = _load(args, loading)
+        device_type = accelerator.device.type
+        refuse_checkpoint_dtype(model, args, device_type, bf16_native)
+        changes = _fit_tokenizer(model, tokenizer)
+        model.config.use_cache = False  # training: no key/value cache; the export turns it on again
+        if args.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        speed = {
+            "attn_implementation": model.config._attn_implementation,
+            "dropout_kernel": "torch",
+            "padding_free": "false",
+            "pad_to_multiple_of": resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda"),
+            "keep_freed_memory": resolve_keep_freed_memory(
+                args.keep_freed_memory, device_type, accelerator.mixed_precision
+            ),
+        }
+        if speed["keep_freed_memory"] == "true":
+            keep_freed_memory()
+        if args.use_peft:
+            model = wrap_with_lora(model, args, "CAUSAL_LM")
+        backbone = {
+            "model_type": model.config.model_type,
+            "head": "language model (next token)",
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "tokenizer_changes": changes,
+        }
+        return model, tokenizer, backbone, speed
+
+    def tokenize(self, task: LmTask, splits: dict, tokenizer, config, accelerator) -> dict:
+        return encode_splits(task, splits, tokenizer, config, accelerator)
+
+    def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
+        multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
+        collator = CausalLmCollator(tokenizer.pad_token_id, multiple, config.max_length)
+        return build_dataloaders(tokenized, tokenizer, config, world_size, on_gpu, collator=collator)
+
+    def forward_backward(
+        self, model, accelerator, task: LmTask, batch: dict, batch_divisor: int, graphs=None
+    ) -> MicroBatch:
+        """The summed cross-entropy of the micro-batch's target tokens, and their count: the loop divides
+        the window's gradients by every rank's count, so an update is the mean per target token."""
+        labels = batch.pop("labels")
+        summed, targets = target_loss(model(**batch).logits, labels)
+        accelerator.backward(summed / batch_divisor)
+        return summed.detach(), targets, labels.shape[0]
+
+    def evaluator(self, task: LmTask, accelerator) -> Evaluator:
+        return functools.partial(_evaluate, accelerator=accelerator)
+
+    def predict(self, accelerator, model, loader, task: LmTask, num_rows: int) -> list[dict]:
+        raise ConfigError("--do_predict is not built for causal_lm yet")
+
+    def card_parts(self, config, task: LmTask) -> CardParts:
+        model = config.hub_model_id or config.output_dir
+        pipe = f'pipeline("text-generation", model="{model}")'
+        if task.format == "text":
+            asked = ['print(generate("Once upon a time", max_new_tokens=64)[0]["generated_text"])']
+            use = ("from transformers import pipeline", "", f"generate = {pipe}", *asked)
+        else:
+            asked = [
+                'messages = [{"role": "user", "content": "Hello!"}]',
+                'print(chat(messages, max_new_tokens=64)[0]["generated_text"][-1]["content"])',
+            ]
+            use = ("from transformers import pipeline", "", f"chat = {pipe}", *asked)
+        trained_on = f"{FORMAT_WORDS[task.format]} (loss on {task.trained_on})"
+        return CardParts(pipeline_tag=self.pipeline_tag, tag="causal-lm", trained_on=trained_on, use=use)
+
+
+def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator) -> dict:
+    """Collective: eval_loss, the summed cross-entropy of every target token of the split over their
+    count (float64 sums of per-row sums, gathered without Accelerate's repeated rows), and
+    eval_perplexity, exp(eval_loss); the same for any number of processes and any batch size."""
+    model = getattr(model, "_orig_mod", model)
+    model.eval()
+    results = {}
+    with torch.no_grad():
+        for split, loader in eval_loaders.items():
+            losses, counts = [], []
+            for batch in loader:
+                if should_stop is not None and should_stop():  # every rank, at the same batch
+                    model.train()
+                    raise EvaluationAbandoned
+                labels = batch.pop("labels")
+                summed, targets = row_losses(model(**batch).logits, labels)
+                summed, targets = accelerator.gather_for_metrics((summed, targets))
+                losses.append(summed)
+                counts.append(targets)
+            total, tokens = torch.cat(losses).sum().item(), torch.cat(counts).sum().item()
+            loss = total / max(tokens, 1)
+            prefix = "eval" if split == "validation" else f"eval_{split}"
+            results[f"{prefix}_loss"] = loss
+            results[f"{prefix}_perplexity"] = math.exp(min(loss, 700.0))  # exp overflows a float past ~709
+            results[f"{prefix}_samples"] = int(torch.cat(counts).numel())
+            results[f"{prefix}_tokens"] = int(tokens)
+    model.train()
+    return results
+
+
+def _load(args, loading: dict):
+    """AutoModelForCausalLM and its tokenizer, with --chat_template's file as the tokenizer's template."""
+    name = args.model_name_or_path
+    hub = {key: loading[key] for key in ("revision", "trust_remote_code") if key in loading}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **hub)
+        model = AutoModelForCausalLM.from_pretrained(name, **loading)
+    except ValueError as error:
+        raise loading_error(name, error, loading) from None
+    except OSError as error:
+        raise hub_error(name, error) from None
+    if args.chat_template:
+        tokenizer.chat_template = Path(args.chat_template).read_text()
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is not None and args.max_length > positions:
+        raise ConfigError(
+            f"--max_length {args.max_length} exceeds the model's {positions} positions; lower it"
+        )
+    return model, tokenizer
+
+
+def _fit_tokenizer(model, tokenizer) -> list[str]:
+    """A pad token for batches (the EOS token, as TRL does: padding is never a target, so it is never
+    learnt), set in the model's config too; a tokenizer with neither is refused."""
+    if tokenizer.eos_token_id is None:
+        raise ConfigError(
+            f"--model_name_or_path {model.name_or_path}: its tokenizer has no EOS token, so a completion "
+            "could never end; give a tokenizer with one"
+        )
+    changes = []
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+        changes.append(f"pad_token={tokenizer.eos_token} (the EOS token)")
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return changes

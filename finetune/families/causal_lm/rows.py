@@ -1,0 +1,166 @@
+"""The rows of a supervised fine-tuning file, read before any tokenizing: which of TRL's three shapes
+the file has (a conversation, a prompt and its completion, plain text), and every row that could not be
+trained on as that shape refused in one line naming the row and the fix, so that a bad row stops the
+run before its first step instead of training on nothing, or on a null rendered as "None"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from finetune.errors import ConfigError
+
+FORMATS = ("messages", "prompt_completion", "text")
+"""TRL's dataset formats, named by their columns; detected in this order of preference."""
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+"""The roles a message may have: those chat templates know (OpenAI's, which TRL's datasets use)."""
+
+COLUMNS = {"messages": ("messages",), "prompt_completion": ("prompt", "completion"), "text": ("text",)}
+"""Each format's columns: a row is in a format when all of them are filled."""
+
+SHAPES = "a `messages` column, `prompt` and `completion` columns, or a `text` column"
+
+
+def refusal(source: str, row: int, what: str, fix: str) -> ConfigError:
+    """The one-line error for a row: "<source>: row N <what is wrong>; <fix>", with `fix` as its field."""
+    return ConfigError(f"{source}: row {row} {what}; {fix}", fix=fix)
+
+
+def detect_format(column_names: list[str], source: str) -> str:
+    """The file's format from its columns: `messages` before `prompt`+`completion` before `text`. A file
+    whose rows mix formats has the union of their columns (as `datasets` reads JSON lines): that passes
+    here, and `check_rows` names the first row not in the format chosen."""
+    for fmt in FORMATS:
+        if all(column in column_names for column in COLUMNS[fmt]):
+            return fmt
+    found = ", ".join(column_names) or "none"
+    raise ConfigError(f"{source} has no column to train on (its columns: {found}); give it {SHAPES}")
+
+
+def check_rows(rows: Iterable[dict], fmt: str, source: str) -> None:
+    """Every row checked as a row of `fmt`; the first bad one refused (`ConfigError`), named by its number
+    in the file (from 0). A conversational prompt-completion file (prompts and completions both lists of
+    messages) takes no row of strings, nor the reverse: the file's first row decides which it is."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown SFT format {fmt!r}; expected one of {FORMATS}")
+    conversational = None  # prompt_completion: whether the file's prompts are messages, by its first row
+    for number, row in enumerate(rows):
+        _refuse_another_format(row, fmt, number, source)
+        if fmt == "messages":
+            _check_messages(row["messages"], "messages", number, source)
+        elif fmt == "text":
+            _check_string(row["text"], "text", number, source)
+        else:
+            kind = _check_prompt_completion(row["prompt"], row["completion"], number, source)
+            if conversational is None:
+                conversational = kind
+            elif kind != conversational:
+                what, others = ("lists of messages", "strings") if kind else ("strings", "lists of messages")
+                raise refusal(
+                    source,
+                    number,
+                    f"has its prompt and completion as {what}, among rows that have them as {others}",
+                    "write every row's prompt and completion the same way: strings, or lists of messages",
+                )
+
+
+def _refuse_another_format(row: dict, fmt: str, number: int, source: str) -> None:
+    """A row whose own format's cells are all null while another format's are filled: the file mixes
+    formats, which one run does not train on (its rows would need different losses and renderings)."""
+    if any(row.get(column) is not None for column in COLUMNS[fmt]):
+        return
+    for other in FORMATS:
+        if other != fmt and all(row.get(column) is not None for column in COLUMNS[other]):
+            raise refusal(
+                source,
+                number,
+                f"is in the {other} format, in a file of the {fmt} format (by its columns)",
+                f"write every row in one format (TRL's: {SHAPES}), or split the file by format",
+            )
+
+
+def _check_string(value, column: str, number: int, source: str) -> None:
+    """A `text`, `prompt` or `completion` cell: a string, non-empty except a prompt's (an empty prompt
+    still has a completion to learn)."""
+    if value is None:
+        raise refusal(
+            source, number, f"has no {column} (null)", f"give every row its {column}, or drop the row"
+        )
+    if not isinstance(value, str):
+        raise refusal(
+            source,
+            number,
+            f"has a {column} that is not a string ({type(value).__name__})",
+            f"write its {column} as a string",
+        )
+    if column != "prompt" and not value.strip():
+        raise refusal(source, number, f"has an empty {column}", f"give it its {column}, or drop the row")
+
+
+def _check_prompt_completion(prompt, completion, number: int, source: str) -> bool:
+    """Both strings, or both lists of messages (TRL's conversational prompt-completion, whose conversation
+    is the prompt's messages then the completion's). Returns whether they are messages."""
+    kinds = [isinstance(cell, list) for cell in (prompt, completion)]
+    if kinds[0] != kinds[1] and None not in (prompt, completion):
+        raise refusal(
+            source,
+            number,
+            f"has a prompt of type {type(prompt).__name__} and a completion of type "
+            f"{type(completion).__name__}",
+            "give both as strings, or both as lists of messages",
+        )
+    if kinds[0] or kinds[1]:
+        _check_messages(prompt, "prompt", number, source)
+        _check_messages(completion, "completion", number, source)
+        return True
+    _check_string(prompt, "prompt", number, source)
+    _check_string(completion, "completion", number, source)
+    return False
+
+
+def _check_messages(messages, column: str, number: int, source: str) -> None:
+    """A list of {"role", "content"} objects: a known role, string content, and no assistant turn that is
+    blank (a target of whitespace would teach the model to answer with nothing)."""
+    if messages is None:
+        raise refusal(source, number, f"has no {column} (null)", f"give it its {column}, or drop the row")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        raise refusal(
+            source,
+            number,
+            f"has a {column} cell that is not a list of messages",
+            'write it as [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]',
+        )
+    if not messages:  # an empty prompt too: transformers renders no conversation of no messages
+        raise refusal(source, number, f"has an empty {column} list", f"give it its {column}, or drop the row")
+    for index, message in enumerate(messages):
+        where = f"{column}[{index}]"
+        for key in ("role", "content"):
+            if message.get(key) is None:
+                raise refusal(
+                    source,
+                    number,
+                    f"has a message without a {key} ({where})",
+                    f"give every message its {key}",
+                )
+        role, content = message["role"], message["content"]
+        if role not in ROLES:
+            raise refusal(
+                source,
+                number,
+                f"has a message with the role {role!r} ({where}), not one of {', '.join(ROLES)}",
+                "give every message one of those roles",
+            )
+        if not isinstance(content, str):
+            raise refusal(
+                source,
+                number,
+                f"has a message whose content is not a string ({where}: {type(content).__name__})",
+                "write every message's content as a string",
+            )
+        if role == "assistant" and not content.strip():
+            raise refusal(
+                source,
+                number,
+                f"has an empty assistant turn ({where})",
+                "write the assistant's reply, or drop the turn",
+            )

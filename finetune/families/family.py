@@ -1,0 +1,65 @@
+"""The seam between the one training loop and what it learns: a task family.
+
+A family owns reading and checking its rows, the model's Auto class and head, encoding and collating,
+the micro-batch's summed loss and its unit count, evaluation, predictions and what the export says.
+The loop, checkpoints, the step plan, signals, identity, seeds, sweeps and Slurm never ask which family
+runs: they see `forward_backward`'s (summed loss, units, rows) and `evaluator`'s metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+MicroBatch = tuple[torch.Tensor, "torch.Tensor | None", int]
+"""(the micro-batch's summed loss, its units, its rows). Units: the float64 count (or weight) the loss
+is a sum over, on the device: target tokens, or the rows' loss weights; None when each row weighs 1.
+The update's loss is every micro-batch's and rank's summed loss over every one's units (rows when None),
+so it does not depend on how the window is cut."""
+
+Evaluator = Callable[..., dict]
+"""Collective: (model, eval_loaders, should_stop=None) -> eval_* metrics, each row counted once."""
+
+
+class TaskFamily(Protocol):
+    name: str
+    """--task_type's value."""
+    pipeline_tag: str
+    """What transformers' `pipeline` loads the exported model as (and the card's pipeline_tag)."""
+    captures_cuda_graphs: bool
+    """Whether --cuda_graphs can capture its micro-batches (auto resolves to false where not)."""
+
+    def load(self, config) -> tuple[object, dict]:
+        """The task (what the run learns, its metrics and splits) and its raw splits."""
+
+    def choose_metric(self, config, task, splits: dict) -> dict:
+        """--metric_for_best_model and --greater_is_better, checked against what evaluation measures."""
+
+    def check(self, config, task, splits: dict) -> None:
+        """Refusals of flags this family cannot honour, before the model loads."""
+
+    def build_model(self, args, task, accelerator, loading: dict, bf16_native: bool, cuda_graphs: str):
+        """(model, tokenizer, the backbone record, the speed choices for `Resolved`)."""
+
+    def tokenize(self, task, splits: dict, tokenizer, config, accelerator) -> dict:
+        """Collective: each split as model inputs with a `length` column."""
+
+    def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
+        """One loader per split: train in its seeded order, the others for evaluation and prediction."""
+
+    def forward_backward(
+        self, model, accelerator, task, batch: dict, batch_divisor: int, graphs=None
+    ) -> MicroBatch:
+        """Collective under DDP: one micro-batch's loss and gradients (the loss divided by `batch_divisor`,
+        the loop rescales each window by its units)."""
+
+    def evaluator(self, task, accelerator) -> Evaluator:
+        """Collective (it may load a metric module): the evaluation of a model on the eval loaders."""
+
+    def predict(self, accelerator, model, loader, task, num_rows: int) -> list[dict]:
+        """Collective: predictions.jsonl's lines, in input order."""
+
+    def card_parts(self, config, task):
+        """The model card's pipeline, description and use (`output.card.CardParts`; None: a classifier's)."""

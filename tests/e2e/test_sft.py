@@ -1,0 +1,142 @@
+"""Generative fine-tuning (`--task_type causal_lm`) on a tiny random Llama with ChatML: one update's loss
+is the mean over every target token of the window, however the window is cut (one batch, accumulation,
+two processes), and equals plain PyTorch's on the same rows; evaluation weighs tokens alike on any
+number of processes and batch sizes; the exported model chats through `pipeline`."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from finetune.families.causal_lm.conversations import encode_row
+from finetune.mnli import main
+from tests.chat_models import build_tiny_lm
+from tests.helpers import read_jsonl
+from tests.warm_ranks import run_ranks
+
+WORDS = ["red", "green", "blue", "apple", "river", "stone", "cloud", "seven", "quiet", "north", "bright",
+         "window", "paper", "light"]  # fmt: skip
+
+
+def conversation(rng: random.Random) -> dict:
+    """A user asking for some words back, the assistant answering; turns of varied lengths."""
+    asked = rng.sample(WORDS, rng.randint(1, 6))
+    turns = [{"role": "user", "content": "say " + " ".join(asked)},
+             {"role": "assistant", "content": " ".join(asked)}]  # fmt: skip
+    if rng.random() < 0.4:
+        more = rng.sample(WORDS, rng.randint(1, 3))
+        turns += [{"role": "user", "content": "and " + " ".join(more)},
+                  {"role": "assistant", "content": " ".join(more)}]  # fmt: skip
+    if rng.random() < 0.3:
+        turns.insert(0, {"role": "system", "content": "You repeat words."})
+    return {"messages": turns}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sft")
+    rng = random.Random(0)
+    return {
+        "model": build_tiny_lm("llama", folder / "llama"),
+        "train": write_jsonl(folder / "train.jsonl", [conversation(rng) for _ in range(24)]),
+        "validation": write_jsonl(folder / "validation.jsonl", [conversation(rng) for _ in range(7)]),
+    }
+
+
+def sft_args(chat, out, *extra: str) -> list[str]:
+    return [
+        "--task_type", "causal_lm",
+        "--model_name_or_path", str(chat["model"]),
+        "--train_file", str(chat["train"]),
+        "--validation_file", str(chat["validation"]),
+        "--output_dir", str(out),
+        "--max_length", "64",
+        "--mixed_precision", "no",
+        "--report_to", "none",
+        *extra,
+    ]  # fmt: skip
+
+
+ONE_UPDATE = ("--max_train_steps", "1", "--logging_steps", "1", "--learning_rate", "1e-6",
+              "--eval_strategy", "steps", "--eval_steps", "1")  # fmt: skip
+
+
+def first_update(out) -> dict:
+    return next(r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r)
+
+
+def reference_loss_and_norm(chat) -> tuple[float, float]:
+    """Plain PyTorch: every training row alone (no padding, no batching), the summed cross-entropy of its
+    target tokens; the mean over all of them, its gradient's norm."""
+    tokenizer = AutoTokenizer.from_pretrained(chat["model"])
+    model = AutoModelForCausalLM.from_pretrained(chat["model"])
+    total, count = 0.0, 0
+    for number, line in enumerate(chat["train"].read_text().splitlines()):
+        messages = json.loads(line)
+        row = encode_row(messages, "messages", tokenizer, max_length=64, row_number=number, source="t")
+        ids, labels = torch.tensor([row.input_ids]), torch.tensor([row.labels])
+        logits = model(input_ids=ids).logits[0, :-1]
+        total = total + torch.nn.functional.cross_entropy(logits, labels[0, 1:], reduction="sum")
+        count += int((labels[0, 1:] != -100).sum())
+    loss = total / count
+    loss.backward()
+    norms = [p.grad.norm() for p in model.parameters() if p.grad is not None]
+    norm = torch.linalg.vector_norm(torch.stack(norms))
+    return float(loss), float(norm)
+
+
+def test_one_update_is_the_mean_over_every_target_token_however_the_window_is_cut(chat, tmp_path):
+    """Batch 24; 6 x 4 accumulation; 2 processes x 4 x 3: the same logged loss and gradient norm, equal to
+    plain PyTorch's on the same rows; and the same eval_loss for evaluation batches of 64, 3 and 2 (on 2
+    processes, 7 validation rows: one rank gets a repeated row, counted once)."""
+    one = tmp_path / "one"
+    main(sft_args(chat, one, *ONE_UPDATE, "--per_device_train_batch_size", "24"))
+    cut = tmp_path / "accumulated"
+    main(sft_args(chat, cut, *ONE_UPDATE, "--per_device_train_batch_size", "6",
+                  "--gradient_accumulation_steps", "4", "--per_device_eval_batch_size", "3"))  # fmt: skip
+    two = tmp_path / "two"
+    split = ("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "3",
+             "--per_device_eval_batch_size", "2")  # fmt: skip
+    ranks = run_ranks(sft_args(chat, two, *ONE_UPDATE, *split))
+    assert ranks.returncode == 0, ranks.stderr[-3000:]
+    results = [json.loads((out / "results.json").read_text()) for out in (one, cut, two)]
+    assert [r["world_size"] for r in results] == [1, 1, 2]
+    updates = [first_update(out) for out in (one, cut, two)]
+    loss, norm = reference_loss_and_norm(chat)
+    for update in updates:
+        assert update["loss"] == pytest.approx(loss, rel=1e-5)
+        assert update["grad_norm"] == pytest.approx(norm, rel=1e-4)
+    assert all(r["train_samples"] == 24 for r in results)
+    evaluated = [r["eval_loss"] for r in results]
+    assert evaluated == pytest.approx([evaluated[0]] * 3, rel=1e-5)
+    assert all(r["eval_samples"] == 7 for r in results)
+    assert results[0]["eval_perplexity"] == pytest.approx(math.exp(evaluated[0]), rel=1e-9)
+
+
+def test_sft_learns_and_the_exported_model_chats_through_pipeline(chat, tmp_path):
+    """A few epochs of the tiny Llama: eval_loss falls well below its start; the output folder loads in
+    `pipeline("text-generation")`, which answers a messages list; the card has the chat snippet."""
+    from transformers import pipeline
+
+    out = tmp_path / "out"
+    schedule = ("--num_train_epochs", "6", "--per_device_train_batch_size", "4", "--learning_rate", "3e-3",
+                "--eval_strategy", "epoch", "--logging_steps", "6")  # fmt: skip
+    results = main(sft_args(chat, out, *schedule))
+    evaluations = [r["eval_loss"] for r in read_jsonl(out / "metrics.jsonl") if "eval_loss" in r]
+    assert evaluations[-1] < 0.6 * evaluations[0]
+    assert results["metric_for_best_model"] == "eval_loss" and results["greater_is_better"] is False
+    generate = pipeline("text-generation", model=str(out))
+    answer = generate([{"role": "user", "content": "say red"}], max_new_tokens=5, do_sample=False)
+    assert answer[0]["generated_text"][-1]["role"] == "assistant"
+    card = (out / "README.md").read_text()
+    assert "pipeline_tag: text-generation" in card and 'chat = pipeline("text-generation"' in card

