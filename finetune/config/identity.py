@@ -23,7 +23,7 @@ IDENTITY_FLAGS = (
     "long_documents", "doc_stride", "window_aggregation", "window_loss_weighting",
     "completion_only_loss", "assistant_only_loss",
     # model
-    "model_revision", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
+    "model_revision", "gguf_file", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
     "lora_target_modules", "lora_modules_to_save",
     # batches and optimization
     "group_by_length", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
@@ -115,6 +115,7 @@ def run_identity(config: TrainConfig, world_size: int) -> dict:
 # before the flag), so a finished uncalibrated run is not taken for a calibrated one.
 ADDED_LATER = {
     "task_type": "sequence_classification",
+    "gguf_file": None,
     "tokenizer": None,
     "completion_only_loss": True,
     "assistant_only_loss": True,
@@ -193,7 +194,9 @@ def model_identity(config: TrainConfig) -> str:
     digest = hashlib.sha256()
     if (folder / "config.json").is_file():
         digest.update((folder / "config.json").read_bytes())
-    weights = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    weights = sorted(
+        p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf") and p.is_file()
+    )
     for file in weights:
         digest.update(f"{file.name} {file.stat().st_size}\n".encode())
     return f"{folder.resolve()} (files {digest.hexdigest()[:12]})"

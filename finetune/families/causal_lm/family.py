@@ -177,6 +177,10 @@ def _load(args, loading: dict):
     """AutoModelForCausalLM and its tokenizer, with --chat_template's file as the tokenizer's template."""
     name = args.model_name_or_path
     hub = {key: loading[key] for key in ("revision", "trust_remote_code") if key in loading}
+    if args.gguf_file:  # transformers reads the tokenizer and the dequantised weights from it
+        _check_gguf(name, args.gguf_file)
+        hub["gguf_file"] = args.gguf_file
+        loading = {**loading, "gguf_file": args.gguf_file}
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **hub)
         model = AutoModelForCausalLM.from_pretrained(name, **loading)
@@ -192,6 +196,25 @@ def _load(args, loading: dict):
             f"--max_length {args.max_length} exceeds the model's {positions} positions; lower it"
         )
     return model, tokenizer
+
+
+def _check_gguf(folder: str, gguf_file: str) -> None:
+    """A GGUF file the local folder lacks, named with the ones it has (before transformers' long error);
+    the gguf package transformers needs for it."""
+    where = Path(folder)
+    if where.is_dir() and not (where / gguf_file).is_file():
+        found = sorted(p.name for p in where.glob("*.gguf")) or ["none"]
+        raise ConfigError(
+            f"--gguf_file {gguf_file}: not in {folder} (its .gguf files: {', '.join(found)}); name one "
+            "of them",
+            flag="--gguf_file",
+        )
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "--gguf_file needs the gguf package; pip install gguf", flag="--gguf_file"
+        ) from None
 
 
 def _fit_tokenizer(model, tokenizer) -> list[str]:

