@@ -106,6 +106,13 @@ class DataArgs:
     chat_template: str | None = None
     """causal_lm: a Jinja chat template file (.jinja) that renders the conversations, in place of the
     tokenizer's own; it is exported with the model."""
+    packing: bool = False
+    """causal_lm: pack the training rows best-fit-decreasing into sequences of up to --max_length tokens
+    (TRL's name): fewer, fuller sequences, so far less padding. Each document keeps its own positions
+    and attends to and predicts only itself, so the loss is the same as unpacked: on CUDA with
+    --attn_implementation flash_attention_2 the packs run as one varlen row, elsewhere (sdpa, eager) with a
+    block-causal mask; an attention that cannot keep documents apart is refused. The packs are fixed by
+    --seed; --per_device_train_batch_size counts packs, train_samples documents. Evaluation is not packed."""
 
     def __post_init__(self):
         """Checks of this group's flags alone (values from YAML or Python arrive unchecked)."""
@@ -129,6 +136,12 @@ class DataArgs:
                 "--long_documents sliding_window or drop --window_loss_weighting",
                 flag="--window_loss_weighting",
                 fix="add --long_documents sliding_window or drop --window_loss_weighting",
+            )
+        if self.packing and self.task_type != "causal_lm":
+            raise ConfigError(
+                "--packing is for --task_type causal_lm; drop --packing",
+                flag="--packing",
+                fix="drop --packing",
             )
         if self.window_loss_weighting is None:  # recorded resolved: a truncated document is one window
             object.__setattr__(self, "window_loss_weighting", "document" if windowed else "window")

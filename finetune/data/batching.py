@@ -11,7 +11,9 @@ from torch.utils.data import DataLoader, Sampler
 from finetune.config.resolved import eval_batch_size
 from finetune.config.train_config import TrainConfig
 
-MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "labels", "row", "doc", "weight")
+MODEL_INPUTS = (
+    "input_ids", "token_type_ids", "attention_mask", "labels", "row", "doc", "weight", "document_lengths"
+)  # fmt: skip
 
 
 class LengthGroupedSampler(Sampler[int]):

@@ -1,13 +1,15 @@
 """Generative fine-tuning (`--task_type causal_lm`) on a tiny random Llama with ChatML: one update's loss
 is the mean over every target token of the window, however the window is cut (one batch, accumulation,
-two processes), and equals plain PyTorch's on the same rows; evaluation weighs tokens alike on any
-number of processes and batch sizes; the exported model chats through `pipeline`."""
+two processes, --packing), and equals plain PyTorch's on the same rows; evaluation weighs tokens alike
+on any number of processes and batch sizes; a packed run resumes bitwise; the exported model chats
+through `pipeline`."""
 
 from __future__ import annotations
 
 import json
 import math
 import random
+import shutil
 
 import pytest
 import torch
@@ -15,8 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from finetune.families.causal_lm.conversations import encode_row
 from finetune.mnli import main
+from finetune.run import setup
 from tests.chat_models import build_tiny_lm
-from tests.helpers import read_jsonl
+from tests.helpers import read_jsonl, reset_accelerate, weights, with_flag
 from tests.warm_ranks import run_ranks
 
 WORDS = ["red", "green", "blue", "apple", "river", "stone", "cloud", "seven", "quiet", "north", "bright",
@@ -75,15 +78,17 @@ def first_update(out) -> dict:
     return next(r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r)
 
 
-def reference_loss_and_norm(chat) -> tuple[float, float]:
+def reference_loss_and_norm(chat, max_length: int = 64) -> tuple[float, float]:
     """Plain PyTorch: every training row alone (no padding, no batching), the summed cross-entropy of its
-    target tokens; the mean over all of them, its gradient's norm."""
+    target tokens; the mean over all of them, its gradient's norm. Rows truncated at `max_length`."""
     tokenizer = AutoTokenizer.from_pretrained(chat["model"])
     model = AutoModelForCausalLM.from_pretrained(chat["model"])
     total, count = 0.0, 0
     for number, line in enumerate(chat["train"].read_text().splitlines()):
         messages = json.loads(line)
-        row = encode_row(messages, "messages", tokenizer, max_length=64, row_number=number, source="t")
+        row = encode_row(
+            messages, "messages", tokenizer, max_length=max_length, row_number=number, source="t"
+        )
         ids, labels = torch.tensor([row.input_ids]), torch.tensor([row.labels])
         logits = model(input_ids=ids).logits[0, :-1]
         total = total + torch.nn.functional.cross_entropy(logits, labels[0, 1:], reduction="sum")
@@ -121,6 +126,67 @@ def test_one_update_is_the_mean_over_every_target_token_however_the_window_is_cu
     assert evaluated == pytest.approx([evaluated[0]] * 3, rel=1e-5)
     assert all(r["eval_samples"] == 7 for r in results)
     assert results[0]["eval_perplexity"] == pytest.approx(math.exp(evaluated[0]), rel=1e-9)
+
+
+def keeping_packs(packs: list):
+    """`setup`, recording the training split's packs (each one's document lengths) in `packs`."""
+
+    def build(*launch):
+        run = setup(*launch)
+        packs.extend(run.train_loader.dataset["document_lengths"])
+        return run
+
+    return build
+
+
+def test_a_packed_update_is_the_same_mean_over_every_target_token(chat, tmp_path, capsys):
+    """--packing: the 24 rows best-fit into a few sequences of up to 256 tokens, all in one update (as
+    the first test's batch of 24): the same logged loss and gradient norm as plain PyTorch on the rows
+    alone; train_samples counts documents, not packs."""
+    out, packs = tmp_path / "packed", []
+    args = with_flag(sft_args(chat, out, *ONE_UPDATE, "--packing"), "--max_length", "256")
+    results = main([*args, "--per_device_train_batch_size", "24"], keeping_packs(packs))
+    assert sum(len(pack) for pack in packs) == 24
+    assert all(len(pack) >= 2 for pack in packs) and len(packs) <= 8  # several documents in every pack
+    tokens = sum(sum(pack) for pack in packs)
+    assert tokens > 256 * (len(packs) - 1)  # as few packs as the tokens need
+    fill = f"{tokens / (256 * len(packs)):.0%}"
+    assert f"train 24 rows, packed into {len(packs)} sequences of up to 256 tokens, {fill} filled" in (
+        capsys.readouterr().out
+    )
+    update = first_update(out)
+    loss, norm = reference_loss_and_norm(chat, max_length=256)
+    assert update["loss"] == pytest.approx(loss, rel=1e-5)
+    assert update["grad_norm"] == pytest.approx(norm, rel=1e-4)
+    assert results["train_samples"] == 24 and results["global_step"] == 1
+
+
+def test_a_packed_run_resumed_from_its_checkpoint_ends_bitwise_equal(chat, tmp_path, capsys):
+    """8 updates of 2 packs (11 packs of up to 128 tokens: the 6th update starts the second epoch's
+    reshuffle of the same packs), a checkpoint every 4; the run that died after step 4 resumes from
+    checkpoint-4 and ends with the uninterrupted run's weights, bit for bit."""
+    steps = ("--packing", "--max_train_steps", "8", "--checkpointing_steps", "4", "--learning_rate", "3e-3",
+             "--per_device_train_batch_size", "2", "--eval_strategy", "no")  # fmt: skip
+    unbroken, packs = tmp_path / "unbroken", []
+    main(with_flag(sft_args(chat, unbroken, *steps), "--max_length", "128"), keeping_packs(packs))
+    reset_accelerate()
+    assert len(packs) == 11  # 6 micro-batches an epoch: step 8 is in the second
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copytree(unbroken / "checkpoint-4", out / "checkpoint-4")
+    args = with_flag(sft_args(chat, out, *steps, "--resume_from_checkpoint", "auto"), "--max_length", "128")
+    capsys.readouterr()
+    results = main(args)
+    assert f"resuming from {out / 'checkpoint-4'} at step 4" in capsys.readouterr().out
+    assert results["global_step"] == 8
+    a, b = weights(unbroken), weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.layers.0.mlp.up_proj.weight"], weights_at_start(chat))
+
+
+def weights_at_start(chat) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(chat["model"])
+    return model.model.layers[0].mlp.up_proj.weight.detach()
 
 
 def test_sft_learns_and_the_exported_model_chats_through_pipeline(chat, tmp_path):

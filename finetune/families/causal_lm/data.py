@@ -38,7 +38,8 @@ class LmTask:
     """Besides eval_loss (the mean cross-entropy per target token); exp(eval_loss)."""
     validation_splits: tuple[str, ...] = ("validation",)
     counts: dict = field(default_factory=dict)
-    """Per split, filled by `encode_splits`: rows kept, truncated, dropped (no target token left)."""
+    """Per split, filled by `encode_splits`: rows kept, truncated, dropped (no target token left); with
+    --packing, the training split's packs, their capacity and fill."""
 
     def metric_keys(self, per_class: bool = True) -> list[str]:
         return [f"eval_{metric}" for metric in self.metrics]
@@ -52,7 +53,13 @@ class LmTask:
 def _notes(counts: dict) -> str:
     notes = [f"{counts['truncated']:,} truncated to --max_length"] if counts["truncated"] else []
     notes += [f"{counts['dropped']:,} left with no target dropped"] if counts["dropped"] else []
-    return f" ({', '.join(notes)})" if notes else ""
+    packed = ""
+    if "packs" in counts:  # --packing's training split
+        packed = (
+            f", packed into {counts['packs']:,} sequences of up to {counts['capacity']:,} tokens, "
+            f"{counts['fill']:.0%} filled"
+        )
+    return (f" ({', '.join(notes)})" if notes else "") + packed
 
 
 def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:

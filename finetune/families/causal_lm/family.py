@@ -16,6 +16,7 @@ from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import CausalLmCollator, row_losses, target_loss
 from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits
+from finetune.families.causal_lm.packing import PackedCollator, forward_inputs, pack_rows, packed_attention
 from finetune.families.family import Evaluator, MicroBatch
 from finetune.hub import hub_error
 from finetune.model.lora import wrap_with_lora
@@ -39,6 +40,11 @@ class CausalLM:
     name = "causal_lm"
     pipeline_tag = "text-generation"
     captures_cuda_graphs = False
+
+    def __init__(self):
+        self.packed = None
+        """--packing: how the model keeps a pack's documents apart (`packing.PackedAttention`), set by
+        `build_model`; None: rows one per sequence."""
 
     def load(self, config) -> tuple[LmTask, dict]:
         if config.task_name != "mnli":  # the default; any other was asked for
@@ -79,6 +85,8 @@ class CausalLM:
         device_type = accelerator.device.type
         refuse_checkpoint_dtype(model, args, device_type, bf16_native)
         changes = _fit_tokenizer(model, tokenizer)
+        if args.packing:  # refused here, before the data is encoded, if the attention cannot
+            self.packed = packed_attention(model, args.max_length)
         model.config.use_cache = False  # training: no key/value cache; the export turns it on again
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
@@ -104,22 +112,35 @@ class CausalLM:
         return model, tokenizer, backbone, speed
 
     def tokenize(self, task: LmTask, splits: dict, tokenizer, config, accelerator) -> dict:
-        return encode_splits(task, splits, tokenizer, config, accelerator)
+        """The encoded rows; with --packing the training rows as packs (every rank packs the same: a pure
+        function of the rows and --seed), counted on the task line."""
+        encoded = encode_splits(task, splits, tokenizer, config, accelerator)
+        if config.packing and "train" in encoded:
+            encoded["train"], packs = pack_rows(encoded["train"], config.max_length, config.seed)
+            task.counts["train"].update(packs)
+        return encoded
 
     def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
         multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
         collator = CausalLmCollator(tokenizer.pad_token_id, multiple, config.max_length)
+        if self.packed is not None:  # packs for training; evaluation's rows go to `collator` as they are
+            collator = PackedCollator(collator, self.packed.varlen, config.max_length)
         return build_dataloaders(tokenized, tokenizer, config, world_size, on_gpu, collator=collator)
 
     def forward_backward(
         self, model, accelerator, task: LmTask, batch: dict, batch_divisor: int, graphs=None
     ) -> MicroBatch:
         """The summed cross-entropy of the micro-batch's target tokens, and their count: the loop divides
-        the window's gradients by every rank's count, so an update is the mean per target token."""
+        the window's gradients by every rank's count, so an update is the mean per target token. Rows:
+        the documents (a packed micro-batch carries their count as an int)."""
         labels = batch.pop("labels")
-        summed, targets = target_loss(model(**batch).logits, labels)
+        if "documents" in batch:  # --packing; the 2D attention_mask stays in `batch` for the loop's count
+            inputs, rows = forward_inputs(batch, self.packed), batch["documents"]
+        else:
+            inputs, rows = batch, labels.shape[0]
+        summed, targets = target_loss(model(**inputs).logits, labels)
         accelerator.backward(summed / batch_divisor)
-        return summed.detach(), targets, labels.shape[0]
+        return summed.detach(), targets, rows
 
     def evaluator(self, task: LmTask, accelerator) -> Evaluator:
         return functools.partial(_evaluate, accelerator=accelerator)
