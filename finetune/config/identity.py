@@ -32,6 +32,7 @@ IDENTITY_FLAGS = (
     # evaluations: they pick the exported model and stop training early
     "do_train", "eval_strategy", "eval_steps", "metric_for_best_model", "greater_is_better",
     "load_best_model_at_end", "early_stopping_patience", "early_stopping_threshold", "multi_label_threshold",
+    "predict_with_generate", "generation_max_new_tokens",
     # the exported model: --calibrate rescales its head
     "calibrate",
 )  # fmt: skip
@@ -125,6 +126,8 @@ ADDED_LATER = {
     "window_aggregation": "mean",
     "window_loss_weighting": "window",
     "packing": False,
+    "predict_with_generate": False,
+    "generation_max_new_tokens": 128,
 }
 
 

@@ -146,7 +146,8 @@ class EvaluationArgs:
     classification: eval_accuracy, eval_f1_macro or a class's eval_precision_<label>, eval_recall_<label>,
     eval_f1_<label>, eval_support_<label>; multi-label: eval_f1_micro, eval_f1_macro, eval_exact_match. Every
 classification task also: eval_ece (expected calibration error) and eval_brier (Brier score), per label
-for multi-label (eval_ece_<label>, eval_brier_<label>)."""
+for multi-label (eval_ece_<label>, eval_brier_<label>). causal_lm: eval_loss (the default),
+eval_perplexity, and with --predict_with_generate eval_exact_match."""
     greater_is_better: bool | None = None
     """Whether a larger --metric_for_best_model is better; default: false for a loss, eval_ece and eval_brier,
     else true."""
@@ -159,7 +160,19 @@ for multi-label (eval_ece_<label>, eval_brier_<label>)."""
     early_stopping_threshold: float = 0.0
     """How much an evaluation must beat the best one by to reset --early_stopping_patience."""
     do_predict: bool = False
-    """Write output_dir/predictions.jsonl: label and probabilities for every row of --test_file."""
+    """Write output_dir/predictions.jsonl: label and probabilities for every row of --test_file. causal_lm:
+    {"row", "completion"}, each row's greedy completion (--generation_max_new_tokens) of its `prompt` (a
+    string or messages) or its `messages` with the generation prompt (a conversation ending with an
+    assistant turn has that turn generated anew)."""
+    predict_with_generate: bool = False
+    """causal_lm: at each evaluation also generate every validation row's completion, greedy and batched,
+    and report eval_exact_match: the share equal to the reference, both stripped and case-folded (Hugging
+    Face Seq2SeqTrainer's name). The prompt: a conversation before its last assistant turn, with the
+    generation prompt (the reference: that turn), or the prompt of a prompt-completion row (the completion,
+    or its first assistant message). Not for `text` rows."""
+    generation_max_new_tokens: int = 128
+    """causal_lm: the most tokens a generated completion has (--predict_with_generate, --do_predict), and
+    max_new_tokens of the exported generation_config.json."""
     calibrate: Calibration = "none"
     """temperature: after training (and --load_best_model_at_end), fit one temperature T > 0 on the first
     validation split's logits (least NLL) and divide the exported model's classification layer by it, so
@@ -208,5 +221,8 @@ for multi-label (eval_ece_<label>, eval_brier_<label>)."""
                 f"--early_stopping_patience must be a positive integer or left unset, "
                 f"got {self.early_stopping_patience}"
             )
+        if self.generation_max_new_tokens <= 0:
+            tokens = self.generation_max_new_tokens
+            raise ConfigError(f"--generation_max_new_tokens must be a positive integer, got {tokens}")
         if self.early_stopping_threshold < 0:
             raise ConfigError(f"--early_stopping_threshold must be >= 0, got {self.early_stopping_threshold}")

@@ -150,6 +150,8 @@ def save_merged_and_adapter(model: nn.Module, state_dict: dict, output_dir: str 
         saved.modules_to_save = list(dict.fromkeys(saved.modules_to_save))
     fresh.save_pretrained(Path(output_dir) / ADAPTER_DIR)
     merged = fresh.merge_and_unload()
+    if base.can_generate():  # the training model's decoding (a causal LM's), not one made from its config
+        merged.generation_config = base.generation_config
     merged.save_pretrained(output_dir)
 
 

@@ -15,6 +15,7 @@ from finetune.data.sources import load_data_file, load_dataset_splits
 from finetune.data.tokenization import tokenizer_state
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.conversations import IGNORE, encode_row
+from finetune.families.causal_lm.generation import check_prompts
 from finetune.families.causal_lm.rows import check_rows, detect_format
 
 FORMAT_WORDS = {
@@ -77,6 +78,9 @@ def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
         splits, sources = load_dataset_splits(config, None, wanted, (), labelled=False)
     formats = {}
     for name, split in splits.items():
+        if name == "test":  # prompts to complete, with no completion to train on
+            formats[name] = check_prompts(split, sources[name])
+            continue
         fmt = detect_format(split.column_names, sources[name])
         check_rows(split, fmt, sources[name])
         formats[name] = _conversational(fmt, split)

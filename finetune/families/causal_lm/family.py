@@ -1,6 +1,7 @@
 """`--task_type causal_lm`: the family's model (AutoModelForCausalLM, full or LoRA), its loss (summed
 cross-entropy over target tokens, their count as units), its evaluation (eval_loss per target token and
-eval_perplexity, each row counted once on any number of processes) and its refusals."""
+eval_perplexity, each row counted once on any number of processes; eval_exact_match of greedy completions
+with --predict_with_generate), its predictions (completions, generation.py) and its refusals."""
 
 from __future__ import annotations
 
@@ -15,7 +16,16 @@ from finetune.config.train_config import greater_is_better_default
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import CausalLmCollator, row_losses, target_loss
-from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits
+from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, _source, encode_splits, load_lm_splits
+from finetune.families.causal_lm.generation import (
+    Prompts,
+    check_generation,
+    encode_prompts,
+    predict_completions,
+    prepare_generation,
+    prompt_loaders,
+    with_exact_match,
+)
 from finetune.families.causal_lm.packing import PackedCollator, forward_inputs, pack_rows, packed_attention
 from finetune.families.family import Evaluator, MicroBatch
 from finetune.hub import hub_error
@@ -32,7 +42,6 @@ REFUSED = {  # flag: (the value that asks for it, why this family refuses it)
     "class_weights": (None, "weighs a classifier's labels"),
     "label_smoothing_factor": (0.0, "smooths a classifier's labels"),
     "auto_find_batch_size": (False, "is not measured for causal LMs yet; set --per_device_train_batch_size"),
-    "do_predict": (False, "(generation) is not built for causal_lm yet; evaluate with --validation_file"),
 }
 
 
@@ -62,10 +71,13 @@ class CausalLM:
             raise ConfigError(f"{flag} is not built for causal_lm yet; drop it", flag=flag)
         if config.chat_template and not Path(config.chat_template).is_file():
             raise ConfigError(f"--chat_template {config.chat_template}: no such file; give a .jinja file")
-        return load_lm_splits(config)
+        task, splits = load_lm_splits(config)
+        check_generation(config, task, splits)
+        return task, splits
 
     def choose_metric(self, config, task: LmTask, splits: dict) -> dict:
-        measured = ["eval_loss", *task.metric_keys()] if "validation" in splits else ["eval_loss"]
+        generated = ["eval_exact_match"] if config.predict_with_generate else []
+        measured = ["eval_loss", *task.metric_keys(), *generated] if "validation" in splits else ["eval_loss"]
         metric = config.metric_for_best_model or "eval_loss"
         if config.evaluates_training and metric not in measured:
             raise ConfigError(f"--metric_for_best_model {metric}: this run measures {', '.join(measured)}")
@@ -87,7 +99,8 @@ class CausalLM:
         changes = _fit_tokenizer(model, tokenizer)
         if args.packing:  # refused here, before the data is encoded, if the attention cannot
             self.packed = packed_attention(model, args.max_length)
-        model.config.use_cache = False  # training: no key/value cache; the export turns it on again
+        model.config.use_cache = False  # training: no key/value cache; generation's config turns it on
+        prepare_generation(model, tokenizer, args)  # what generation and the exported model decode with
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         speed = {
@@ -112,20 +125,26 @@ class CausalLM:
         return model, tokenizer, backbone, speed
 
     def tokenize(self, task: LmTask, splits: dict, tokenizer, config, accelerator) -> dict:
-        """The encoded rows; with --packing the training rows as packs (every rank packs the same: a pure
-        function of the rows and --seed), counted on the task line."""
-        encoded = encode_splits(task, splits, tokenizer, config, accelerator)
+        """The encoded rows, and the prompts generation reads (test, and validation's with
+        --predict_with_generate); with --packing the training rows as packs (every rank packs the same: a
+        pure function of the rows and --seed), counted on the task line."""
+        trained = {name: split for name, split in splits.items() if name != "test"}
+        sources = {name: _source(config, name) for name in splits}
+        encoded = encode_splits(task, trained, tokenizer, config, accelerator)
         if config.packing and "train" in encoded:
             encoded["train"], packs = pack_rows(encoded["train"], config.max_length, config.seed)
             task.counts["train"].update(packs)
-        return encoded
+        return {**encoded, **encode_prompts(task, splits, tokenizer, config, sources)}
 
     def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
         multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
         collator = CausalLmCollator(tokenizer.pad_token_id, multiple, config.max_length)
         if self.packed is not None:  # packs for training; evaluation's rows go to `collator` as they are
             collator = PackedCollator(collator, self.packed.varlen, config.max_length)
-        return build_dataloaders(tokenized, tokenizer, config, world_size, on_gpu, collator=collator)
+        prompts = {name: split for name, split in tokenized.items() if isinstance(split, Prompts)}
+        scored = {name: split for name, split in tokenized.items() if name not in prompts}
+        loaders = build_dataloaders(scored, tokenizer, config, world_size, on_gpu, collator=collator)
+        return {**loaders, **prompt_loaders(prompts, tokenizer.pad_token_id, config, on_gpu)}
 
     def forward_backward(
         self, model, accelerator, task: LmTask, batch: dict, batch_divisor: int, graphs=None
@@ -143,10 +162,10 @@ class CausalLM:
         return summed.detach(), targets, rows
 
     def evaluator(self, task: LmTask, accelerator) -> Evaluator:
-        return functools.partial(_evaluate, accelerator=accelerator)
+        return with_exact_match(functools.partial(_evaluate, accelerator=accelerator), accelerator)
 
     def predict(self, accelerator, model, loader, task: LmTask, num_rows: int) -> list[dict]:
-        raise ConfigError("--do_predict is not built for causal_lm yet")
+        return predict_completions(accelerator, model, loader)  # each of the num_rows once, checked
 
     def card_parts(self, config, task: LmTask) -> CardParts:
         model = config.hub_model_id or config.output_dir
