@@ -67,8 +67,9 @@ class DataArgs:
     validation_split_percentage: int | None = None
     """Without --validation_file: hold out this percentage of --train_file (seeded by --seed, stratified by
     label) as the validation split."""
-    max_length: int = 128
-    """Longest tokenized pair in tokens; longer pairs are truncated."""
+    max_length: int | None = None
+    """Longest tokenized row in tokens; longer rows are truncated (the task line counts them for causal_lm).
+    Default: 128 for sequence_classification, 1024 for causal_lm (TRL's)."""
     long_documents: LongDocuments = "truncate"
     """A text longer than --max_length: truncate (its first tokens only), or sliding_window: overlapping
     windows of --max_length tokens, each with the tokenizer's special tokens (a pair's long first text is
@@ -116,6 +117,8 @@ class DataArgs:
 
     def __post_init__(self):
         """Checks of this group's flags alone (values from YAML or Python arrive unchecked)."""
+        if self.max_length is None:  # each family's default, recorded resolved
+            object.__setattr__(self, "max_length", 1024 if self.task_type == "causal_lm" else 128)
         if self.max_length <= 0:
             raise ConfigError(f"--max_length must be a positive integer, got {self.max_length}")
         for name in ("max_train_samples", "max_eval_samples"):
