@@ -140,7 +140,7 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
     encoded = {}
     with accelerator.main_process_first():
         for name, split in splits.items():
-            source = _source(config, name)
+            source = source_of(config, name)
             encoded[name] = split.map(
                 encode,
                 batched=True,
@@ -156,7 +156,7 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
             kept = split.filter(lambda targets: targets > 0, input_columns="targets", desc=f"targets {name}")
             if len(kept) == 0:
                 raise ConfigError(
-                    f"{_source(config, name)}: no row has a target token left within --max_length "
+                    f"{source_of(config, name)}: no row has a target token left within --max_length "
                     f"{config.max_length}; raise --max_length"
                 )
             task.counts[name] = {"rows": len(kept), "truncated": truncated, "dropped": len(split) - len(kept)}
@@ -167,7 +167,7 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
     return encoded
 
 
-def _source(config, split: str) -> str:
+def source_of(config, split: str) -> str:
     files = {"train": config.train_file, "validation": config.validation_file, "test": config.test_file}
     return files.get(split) or f"{config.dataset_name}:{split}"
 

@@ -16,7 +16,7 @@ from finetune.config.train_config import greater_is_better_default
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import CausalLmCollator, row_losses, target_loss
-from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, _source, encode_splits, load_lm_splits
+from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits, source_of
 from finetune.families.causal_lm.generation import (
     Prompts,
     check_generation,
@@ -129,7 +129,7 @@ class CausalLM:
         --predict_with_generate); with --packing the training rows as packs (every rank packs the same: a
         pure function of the rows and --seed), counted on the task line."""
         trained = {name: split for name, split in splits.items() if name != "test"}
-        sources = {name: _source(config, name) for name in splits}
+        sources = {name: source_of(config, name) for name in splits}
         encoded = encode_splits(task, trained, tokenizer, config, accelerator)
         if config.packing and "train" in encoded:
             encoded["train"], packs = pack_rows(encoded["train"], config.max_length, config.seed)

@@ -27,7 +27,7 @@ from finetune.config.resolved import eval_batch_size
 from finetune.data.batching import bucket, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError, shorten
 from finetune.families.causal_lm.conversations import TEMPLATE_FIX
-from finetune.families.causal_lm.rows import _check_messages, _check_string, check_rows, refusal
+from finetune.families.causal_lm.rows import check_messages, check_rows, check_string, refusal
 from finetune.training.evaluation import EvaluationAbandoned
 
 FLAG = "--predict_with_generate"
@@ -65,7 +65,7 @@ def check_prompts(split, source: str) -> str:
     if fmt == "messages":
         check_rows(split, "messages", source)
     else:
-        check = _check_messages if fmt == "conversational_prompt_completion" else _check_string
+        check = check_messages if fmt == "conversational_prompt_completion" else check_string
         for number, prompt in enumerate(split["prompt"]):
             check(prompt, "prompt", number, source)
     return fmt

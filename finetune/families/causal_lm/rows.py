@@ -47,9 +47,9 @@ def check_rows(rows: Iterable[dict], fmt: str, source: str) -> None:
     for number, row in enumerate(rows):
         _refuse_another_format(row, fmt, number, source)
         if fmt == "messages":
-            _check_messages(row["messages"], "messages", number, source)
+            check_messages(row["messages"], "messages", number, source)
         elif fmt == "text":
-            _check_string(row["text"], "text", number, source)
+            check_string(row["text"], "text", number, source)
         else:
             kind = _check_prompt_completion(row["prompt"], row["completion"], number, source)
             if conversational is None:
@@ -79,7 +79,7 @@ def _refuse_another_format(row: dict, fmt: str, number: int, source: str) -> Non
             )
 
 
-def _check_string(value, column: str, number: int, source: str) -> None:
+def check_string(value, column: str, number: int, source: str) -> None:
     """A `text`, `prompt` or `completion` cell: a string, non-empty except a prompt's (an empty prompt
     still has a completion to learn)."""
     if value is None:
@@ -110,15 +110,15 @@ def _check_prompt_completion(prompt, completion, number: int, source: str) -> bo
             "give both as strings, or both as lists of messages",
         )
     if kinds[0] or kinds[1]:
-        _check_messages(prompt, "prompt", number, source)
-        _check_messages(completion, "completion", number, source)
+        check_messages(prompt, "prompt", number, source)
+        check_messages(completion, "completion", number, source)
         return True
-    _check_string(prompt, "prompt", number, source)
-    _check_string(completion, "completion", number, source)
+    check_string(prompt, "prompt", number, source)
+    check_string(completion, "completion", number, source)
     return False
 
 
-def _check_messages(messages, column: str, number: int, source: str) -> None:
+def check_messages(messages, column: str, number: int, source: str) -> None:
     """A list of {"role", "content"} objects: a known role, string content, and no assistant turn that is
     blank (a target of whitespace would teach the model to answer with nothing)."""
     if messages is None:
