@@ -166,19 +166,28 @@ class DataArgs:
             raise ConfigError(
                 "--dataset_name and local files (--train_file, ...) name two sources of rows: give one"
             )
-        if renamed and (self.uses_local_files or self.task_name != "custom"):
+        if renamed and (
+            self.uses_local_files or (self.task_name != "custom" and self.task_type != "causal_lm")
+        ):
             raise ConfigError(
                 f"{renamed[0]} names a split of a custom task's --dataset_name; GLUE tasks and local files "
                 "have their own: drop it"
             )
         if not self.uses_local_files and not self.dataset_name:
             raise ConfigError("give local files (--train_file/--validation_file), or a Hub --dataset_name")
+        if self.task_type == "causal_lm" and not self.uses_local_files and self.dataset_name == GLUE_DATASET:
+            raise ConfigError(
+                "--task_type causal_lm: give local files (--train_file, --validation_file) or --dataset_name "
+                "(a Hub dataset id or a local folder of .jsonl/.parquet files)",
+                flag="--train_file",
+                fix="give --train_file or --dataset_name",
+            )
         if not self.uses_local_files and self.task_name == "custom" and self.dataset_name == GLUE_DATASET:
             raise ConfigError(
                 "--task_name custom: give local files (--train_file, --validation_file) or --dataset_name (a "
                 "Hub dataset id or a local folder of data files)"
             )
-        if self.task_name != "custom":
+        if self.task_name != "custom" and self.task_type == "sequence_classification":  # GLUE's subsets
             object.__setattr__(self, "dataset_config_name", self.dataset_config_name or self.task_name)
 
     def _check_labels(self) -> None:

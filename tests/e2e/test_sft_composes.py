@@ -13,7 +13,7 @@ from finetune.errors import ConfigError
 from finetune.mnli import main
 from finetune.studies.sweep import sweep_main
 from tests.e2e.test_sft import chat, sft_args  # noqa: F401  (chat: the module's fixture)
-from tests.helpers import reset_accelerate, weights
+from tests.helpers import read_jsonl, reset_accelerate, weights
 from tests.warm_ranks import run_ranks
 
 STEPS = ("--max_train_steps", "6", "--per_device_train_batch_size", "2", "--learning_rate", "3e-3",
@@ -76,3 +76,42 @@ def test_settings_a_causal_lm_cannot_honour_are_one_line(chat, tmp_path, extra, 
         main(sft_args(chat, tmp_path / "out", *extra))
     assert refused.value.flag == flag and "\n" not in str(refused.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_dataset_folder_a_carved_validation_split_and_row_caps(chat, tmp_path):  # noqa: F811
+    """--dataset_name as a local folder of split files (no GLUE subset asked for); a validation split
+    carved from the training rows with --seed; --max_train_samples and --max_eval_samples cap the rows."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text(chat["train"].read_text())
+    (folder / "validation.jsonl").write_text(chat["validation"].read_text())
+    files = ("--train_file", str(chat["train"]), "--validation_file", str(chat["validation"]))
+    args = [a for a in sft_args(chat, tmp_path / "folder", "--max_train_steps", "1") if a not in files]
+    caps = ("--max_train_samples", "10", "--max_eval_samples", "5")
+    results = main([*args, "--dataset_name", str(folder), *caps])
+    reset_accelerate()
+    assert results["eval_samples"] == 5 and results["train_samples"] == 10  # one update: batch 32 > 10 rows
+    without_validation = files[2:]
+    args = [
+        a
+        for a in sft_args(chat, tmp_path / "carved", "--max_train_steps", "1")
+        if a not in without_validation
+    ]
+    carved = main([*args, "--validation_split_percentage", "25"])
+    assert carved["eval_samples"] == 6 and carved["train_samples"] == 18  # 25% of 24 rows held out
+
+
+def test_generating_at_evaluations_leaves_training_as_it_was(chat, tmp_path):  # noqa: F811
+    """Evaluation draws nothing from the RNG dropout uses: with LoRA dropout, the training losses are the
+    same bits whether each step's evaluation generates or not."""
+    lora = ("--use_peft", "true", "--lora_dropout", "0.1", "--max_train_steps", "4",
+            "--per_device_train_batch_size", "4", "--learning_rate", "1e-2", "--eval_strategy", "steps",
+            "--eval_steps", "1", "--logging_steps", "1", "--generation_max_new_tokens", "4")  # fmt: skip
+    plain, generating = tmp_path / "plain", tmp_path / "generating"
+    main(sft_args(chat, plain, *lora))
+    reset_accelerate()
+    main(sft_args(chat, generating, *lora, "--predict_with_generate", "true"))
+    losses = [
+        [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r] for out in (plain, generating)
+    ]
+    assert len(losses[0]) == 4 and losses[0] == losses[1]

@@ -40,20 +40,34 @@ class CausalLmCollator:
         batch = {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
         if "labels" in features[0]:
             batch["labels"] = torch.from_numpy(labels)
+            batch[POSITIONS] = target_positions(labels)
         for key in features[0]:
             if key not in ("input_ids", "attention_mask", "labels"):
                 batch[key] = torch.tensor([f[key] for f in features])
         return batch
 
 
-def target_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+POSITIONS = "target_positions"
+"""The batch's key for the flat positions (in rows x tokens) of its targets, found by the collator."""
+
+
+def target_positions(labels: np.ndarray) -> torch.Tensor:
+    """Where the targets are, found on the CPU in the collator: selecting them on the device by a
+    boolean mask would make the host wait for it (nonzero) on every micro-batch."""
+    return torch.from_numpy(np.flatnonzero(labels.reshape(-1) != IGNORE))
+
+
+def target_loss(
+    logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the cross-entropy summed over the target tokens, in fp32, their count as float64), both read
-    from the same selection of `labels`, so the count cannot drift from the sum. Only the targets'
-    logits are cast to fp32: a whole [rows, tokens, vocabulary] copy would not be."""
-    targets = labels != IGNORE
-    picked = logits[targets].float()
-    summed = F.cross_entropy(picked, labels[targets], reduction="sum")
-    return summed, targets.sum(dtype=torch.float64)
+    from the same selection of `labels` (`positions`, the collator's), so the count cannot drift from
+    the sum. Only the targets' logits are cast to fp32: a whole [rows, tokens, vocabulary] copy would
+    not be. Nothing here waits for the device."""
+    targets = labels.reshape(-1).index_select(0, positions)
+    picked = logits.reshape(-1, logits.shape[-1]).index_select(0, positions).float()
+    summed = F.cross_entropy(picked, targets, reduction="sum")
+    return summed, (targets != IGNORE).sum(dtype=torch.float64)
 
 
 def row_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from datasets import Dataset
 
 from finetune.data.sources import load_data_file, load_dataset_splits
@@ -66,8 +67,8 @@ def _notes(counts: dict) -> str:
 def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
     """The task and its raw splits (train, validation, test as the run needs them), checked row by row."""
     wanted = {
-        "train": config.do_train,
-        "validation": config.evaluates_training or not config.do_train,
+        "train": config.do_train or config.carves_validation,
+        "validation": not config.carves_validation and (config.evaluates_training or not config.do_train),
         "test": config.do_predict,
     }
     if config.uses_local_files:
@@ -84,12 +85,30 @@ def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
         fmt = detect_format(split.column_names, sources[name])
         check_rows(split, fmt, sources[name])
         formats[name] = _conversational(fmt, split)
+    if config.carves_validation:
+        splits["train"], splits["validation"] = _carve_validation(splits["train"], config, sources["train"])
+        formats["validation"] = formats["train"]
+    for name, limit in (("train", config.max_train_samples), ("validation", config.max_eval_samples)):
+        if name in splits and limit is not None and limit < len(splits[name]):
+            splits[name] = splits[name].select(range(limit))
     trained = {n: f for n, f in formats.items() if n != "test"}
     if len(set(trained.values())) > 1:
         shown = ", ".join(f"{sources[n]}: {FORMAT_WORDS[f]}" for n, f in trained.items())
         raise ConfigError(f"the splits hold different formats ({shown}); give every split the same columns")
     fmt = next(iter(trained.values()), next(iter(formats.values())))
     return LmTask(fmt, _trained_on(fmt, config)), splits
+
+
+def _carve_validation(train: Dataset, config, source: str) -> tuple[Dataset, Dataset]:
+    """--validation_split_percentage of the training rows, drawn with --seed (every rank the same)."""
+    held = round(len(train) * config.validation_split_percentage / 100)
+    if not 0 < held < len(train):
+        raise ConfigError(
+            f"--validation_split_percentage {config.validation_split_percentage} of the {len(train)} rows of "
+            f"{source} leaves no validation or no training rows; change it"
+        )
+    order = np.random.default_rng(config.seed).permutation(len(train))
+    return train.select(sorted(order[held:].tolist())), train.select(sorted(order[:held].tolist()))
 
 
 def _conversational(fmt: str, split: Dataset) -> str:
@@ -121,7 +140,14 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
         "completion_only_loss": config.completion_only_loss,
         "assistant_only_loss": config.assistant_only_loss,
     }
-    decides = (fmt, options, tokenizer_state(tokenizer), tokenizer.chat_template)
+    # The special ids too: rows end with the EOS id, which tokenizer_state (the Rust side) leaves out.
+    specials = (
+        tokenizer.eos_token_id,
+        tokenizer.bos_token_id,
+        tokenizer.pad_token_id,
+        tokenizer.all_special_ids,
+    )
+    decides = (fmt, options, tokenizer_state(tokenizer), tokenizer.chat_template, specials)
 
     def encode(batch, rows, source):
         encoded = {"input_ids": [], "labels": [], "length": [], "truncated": [], "targets": [], "row": []}

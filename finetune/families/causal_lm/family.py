@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from finetune.config.train_config import greater_is_better_default
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
-from finetune.families.causal_lm.batches import CausalLmCollator, row_losses, target_loss
+from finetune.families.causal_lm.batches import POSITIONS, CausalLmCollator, row_losses, target_loss
 from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits, source_of
 from finetune.families.causal_lm.generation import (
     Prompts,
@@ -37,6 +37,12 @@ from finetune.speed.memory import enable_gradient_checkpointing
 from finetune.training.evaluation import EvaluationAbandoned
 
 REFUSED = {  # flag: (the value that asks for it, why this family refuses it)
+    "validation_mismatched_file": (None, "is MNLI's second validation set"),
+    "text_columns": (
+        None,
+        "names a classifier's text columns; causal_lm reads messages, prompt/completion or text",
+    ),
+    "label_column": ("label", "names a classifier's labels"),
     "calibrate": ("none", "rescales a classifier's softmax"),
     "long_documents": ("truncate", "windows a classifier's documents; a causal LM truncates at --max_length"),
     "class_weights": (None, "weighs a classifier's labels"),
@@ -77,7 +83,13 @@ class CausalLM:
 
     def choose_metric(self, config, task: LmTask, splits: dict) -> dict:
         generated = ["eval_exact_match"] if config.predict_with_generate else []
-        measured = ["eval_loss", *task.metric_keys(), *generated] if "validation" in splits else ["eval_loss"]
+        if config.evaluates_training and "validation" not in splits:
+            raise ConfigError(
+                f"--eval_strategy {config.eval_strategy} evaluates on validation rows and this run has none; "
+                "give --validation_file or --validation_split_percentage, or --eval_strategy no",
+                flag="--eval_strategy",
+            )
+        measured = ["eval_loss", *task.metric_keys(), *generated]
         metric = config.metric_for_best_model or "eval_loss"
         if config.evaluates_training and metric not in measured:
             raise ConfigError(f"--metric_for_best_model {metric}: this run measures {', '.join(measured)}")
@@ -152,12 +164,12 @@ class CausalLM:
         """The summed cross-entropy of the micro-batch's target tokens, and their count: the loop divides
         the window's gradients by every rank's count, so an update is the mean per target token. Rows:
         the documents (a packed micro-batch carries their count as an int)."""
-        labels = batch.pop("labels")
+        labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
         if "documents" in batch:  # --packing; the 2D attention_mask stays in `batch` for the loop's count
             inputs, rows = forward_inputs(batch, self.packed), batch["documents"]
         else:
             inputs, rows = batch, labels.shape[0]
-        summed, targets = target_loss(model(**inputs).logits, labels)
+        summed, targets = target_loss(model(**inputs).logits, labels, positions)
         accelerator.backward(summed / batch_divisor)
         return summed.detach(), targets, rows
 
@@ -198,6 +210,7 @@ def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator) -> di
                     model.train()
                     raise EvaluationAbandoned
                 labels = batch.pop("labels")
+                batch.pop(POSITIONS)  # training's; evaluation sums per row
                 summed, targets = row_losses(model(**batch).logits, labels)
                 summed, targets = accelerator.gather_for_metrics((summed, targets))
                 losses.append(summed)

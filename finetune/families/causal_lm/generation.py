@@ -243,6 +243,9 @@ def prompt_loaders(prompts: dict[str, Prompts], pad_token_id: int, config, on_gp
             sampler=sorted(range(len(lengths)), key=lengths.__getitem__),
             collate_fn=functools.partial(left_padded, pad_token_id=pad_token_id, multiple=multiple),
             pin_memory=on_gpu,
+            # Starting an iteration draws a seed: from its own generator, not the global RNG dropout uses,
+            # so an evaluation (or one abandoned and redone on resume) leaves training as it was.
+            generator=torch.Generator().manual_seed(config.seed),
         )
     return loaders
 

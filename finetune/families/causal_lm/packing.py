@@ -19,6 +19,7 @@ import torch
 from datasets import Dataset
 
 from finetune.errors import ConfigError
+from finetune.families.causal_lm.batches import POSITIONS, target_positions
 from finetune.families.causal_lm.conversations import IGNORE
 
 VARLEN = ("flash_attention_2", "flash_attention_3")
@@ -188,6 +189,7 @@ class PackedCollator:
             "cu_seq_lens_k": bounds.clone(),
         }
         batch["max_length_q"] = batch["max_length_k"] = self.max_length
+        batch[POSITIONS] = target_positions(labels)
         return batch
 
 
