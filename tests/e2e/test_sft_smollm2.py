@@ -59,3 +59,17 @@ def test_smollm2_from_gguf_trains_with_lora_and_its_eval_loss_is_plain_pytorchs(
     answer = chat([{"role": "user", "content": "What is 4 plus 4?"}], max_new_tokens=8)
     assert answer[0]["generated_text"][-1]["role"] == "assistant"
     assert answer[0]["generated_text"][-1]["content"].strip()
+
+
+def test_a_model_read_from_gguf_exports_as_plain_safetensors(tmp_path):
+    """transformers marks a GGUF-read model quantized and refuses to save it; fully fine-tuned, it must
+    export: the run reads it as plain dequantised weights, and the saved folder loads without gguf."""
+    from finetune.families.causal_lm.family import as_plain_weights
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
+    as_plain_weights(model)
+    model.save_pretrained(tmp_path / "plain")
+    config = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert "quantization_config" not in config
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "plain")
+    assert torch.equal(reloaded.model.embed_tokens.weight, model.model.embed_tokens.weight)

@@ -241,6 +241,8 @@ def _load(args, loading: dict):
         raise loading_error(name, error, loading) from None
     except OSError as error:
         raise hub_error(name, error) from None
+    if args.gguf_file:
+        as_plain_weights(model)
     if args.chat_template:
         tokenizer.chat_template = Path(args.chat_template).read_text()
     positions = getattr(model.config, "max_position_embeddings", None)
@@ -249,6 +251,16 @@ def _load(args, loading: dict):
             f"--max_length {args.max_length} exceeds the model's {positions} positions; lower it"
         )
     return model, tokenizer
+
+
+def as_plain_weights(model) -> None:
+    """A model read from a GGUF file holds dequantised weights in --torch_dtype, but transformers still
+    marks it quantized, refuses to save it ("not serializable") and writes the GGUF settings into every
+    config.json: the marks go, so the export is a plain safetensors model."""
+    model.hf_quantizer = None
+    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
 
 
 def _check_gguf(folder: str, gguf_file: str) -> None:
