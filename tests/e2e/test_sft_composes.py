@@ -21,16 +21,20 @@ STEPS = ("--max_train_steps", "6", "--per_device_train_batch_size", "2", "--lear
          "--eval_steps", "3")  # fmt: skip
 
 
-def test_a_killed_two_process_run_resumes_bitwise(chat, tmp_path):  # noqa: F811
-    """SIGKILL at step 5 (after checkpoint-4), then --resume_from_checkpoint auto: the same weights, bit
-    for bit, as the run never killed; every rank really ran (world size 2)."""
+def test_a_killed_packed_two_process_run_resumes_bitwise(chat, tmp_path):  # noqa: F811
+    """Packed, on 2 processes: SIGKILL at step 5 (after checkpoint-4), then
+    --resume_from_checkpoint auto: the same weights, bit for bit, as the run never killed; every rank
+    really ran (world size 2)."""
     unbroken, killed = tmp_path / "unbroken", tmp_path / "killed"
-    done = run_ranks(sft_args(chat, unbroken, *STEPS))
+    packed = ("--packing", "true")
+    done = run_ranks(sft_args(chat, unbroken, *STEPS, *packed))
     assert done.returncode == 0, done.stderr[-3000:]
     env = {"AT_STEP": "5", "SIGNAL": "KILL", "RANKS": "0,1"}
-    died = run_ranks(sft_args(chat, killed, *STEPS), script="tests/probes/signal_at_step.py", env=env)
+    died = run_ranks(
+        sft_args(chat, killed, *STEPS, *packed), script="tests/probes/signal_at_step.py", env=env
+    )
     assert died.returncode != 0 and not (killed / "results.json").exists()
-    resumed = run_ranks(sft_args(chat, killed, *STEPS, "--resume_from_checkpoint", "auto"))
+    resumed = run_ranks(sft_args(chat, killed, *STEPS, *packed, "--resume_from_checkpoint", "auto"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     results = json.loads((killed / "results.json").read_text())
     assert results["world_size"] == 2 and results["global_step"] == 6
