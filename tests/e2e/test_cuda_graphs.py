@@ -10,6 +10,7 @@ import contextlib
 import pytest
 import torch
 
+import finetune.families.classification
 import finetune.run
 import finetune.speed.cuda_graphs as cuda_graphs
 from finetune.errors import TrainingFailed
@@ -212,7 +213,7 @@ def test_asking_for_graphs_without_cuda_is_one_line_before_the_model_loads(
     def no_model(*args, **kwargs):
         raise AssertionError("the model loaded before the refusal")
 
-    monkeypatch.setattr(finetune.run, "build_model", no_model)
+    monkeypatch.setattr(finetune.families.classification, "build_model", no_model)
     assert cli(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--cuda_graphs", "true")) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == "error: --cuda_graphs true needs a CUDA device; drop it on this machine"
