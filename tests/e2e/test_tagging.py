@@ -1,0 +1,144 @@
+"""Token classification (`--task_type token_classification`) on a tiny random BERT with MiniLM's WordPiece
+tokenizer, on sentences the tests generate from gazetteers: one update's loss is the mean over every
+labelled sub-token however the window is cut (one batch, accumulation, two processes), and evaluation
+counts each word once on any number of processes; the metrics equal seqeval's on the predicted words; a
+sentence five times --max_length gets one tag per word; the exported model's `pipeline` finds the
+entities predictions.jsonl holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+from finetune.families.token_classification.tags import label_order
+from finetune.mnli import main
+from tests.helpers import read_jsonl, reset_accelerate
+from tests.tagging_data import sentences, tiny_tagger, write_conll, write_jsonl
+from tests.warm_ranks import run_ranks
+
+
+@pytest.fixture(scope="module")
+def ner(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tagging")
+    sixteen = sentences(16, seed=2)
+    labels = label_order(tag for row in sixteen for tag in row["ner_tags"])
+    return {
+        "model16": tiny_tagger(folder / "bert16", labels),  # its head kept by a run on `sixteen`
+        "model": tiny_tagger(folder / "bert"),
+        "train": write_conll(folder / "train.conll", sentences(48, seed=0)),
+        "validation": write_jsonl(folder / "validation.jsonl", sentences(15, seed=1)),  # odd: 2 ranks
+        "sixteen": write_jsonl(folder / "sixteen.jsonl", sixteen),  # one update of 16
+        "folder": folder,
+    }
+
+
+def tag_args(ner, out, *extra: str) -> list[str]:
+    return [
+        "--task_type", "token_classification",
+        "--model_name_or_path", str(ner["model"]),
+        "--train_file", str(ner["train"]),
+        "--validation_file", str(ner["validation"]),
+        "--output_dir", str(out),
+        "--max_length", "32",
+        "--mixed_precision", "no",
+        "--report_to", "none",
+        *extra,
+    ]  # fmt: skip
+
+
+ONE_UPDATE = ("--max_train_steps", "1", "--logging_steps", "1", "--learning_rate", "1e-3",
+              "--eval_strategy", "steps", "--eval_steps", "1", "--label_all_tokens")  # fmt: skip
+
+
+def first_update(out) -> dict:
+    return next(r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r)
+
+
+def reference_loss_and_norm(model_dir, rows: list[dict]) -> tuple[float, float]:
+    """Plain PyTorch: each sentence alone, every sub-token labelled (--label_all_tokens: a B-X word's later
+    sub-tokens I-X), the cross-entropy summed; the mean over all of them, and its gradient's norm."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForTokenClassification.from_pretrained(model_dir)
+    ids = model.config.label2id
+    total, count = 0.0, 0
+    for row in rows:
+        encoded = tokenizer(row["tokens"], is_split_into_words=True, return_tensors="pt")
+        labels, previous = [], None
+        for word in encoded.word_ids():
+            tag = None if word is None else row["ner_tags"][word]
+            if tag and word == previous and tag.startswith("B-") and "I-" + tag[2:] in ids:
+                tag = "I-" + tag[2:]
+            labels.append(-100 if tag is None else ids[tag])
+            previous = word
+        logits = model(**encoded).logits[0]
+        total = total + F.cross_entropy(logits, torch.tensor(labels), reduction="sum")
+        count += sum(label != -100 for label in labels)
+    loss = total / count
+    loss.backward()
+    norm = torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
+    )
+    return float(loss), float(norm)
+
+
+def test_one_update_is_the_same_however_the_window_is_cut_and_each_word_counts_once(ner, tmp_path):
+    """16 sentences in one update of batch 16; 8 x 2 accumulation; 2 processes x 8: the same logged loss
+    and gradient norm, plain PyTorch's mean over every labelled sub-token of the 16; and the same evaluation
+    of the 15 validation sentences
+    (batches of 4: one rank gets a repeated window, counted once)."""
+    one, cut, two = tmp_path / "one", tmp_path / "cut", tmp_path / "two"
+    ner = {**ner, "train": ner["sixteen"], "model": ner["model16"]}
+    main(tag_args(ner, one, *ONE_UPDATE, "--per_device_train_batch_size", "16"))
+    reset_accelerate()
+    main(tag_args(ner, cut, *ONE_UPDATE, "--per_device_train_batch_size", "8",
+                  "--gradient_accumulation_steps", "2", "--per_device_eval_batch_size", "4"))  # fmt: skip
+    ranks = run_ranks(tag_args(ner, two, *ONE_UPDATE, "--per_device_train_batch_size", "8",
+                               "--per_device_eval_batch_size", "4"))  # fmt: skip
+    assert ranks.returncode == 0, ranks.stderr[-3000:]
+    results = [json.loads((out / "results.json").read_text()) for out in (one, cut, two)]
+    assert [r["world_size"] for r in results] == [1, 1, 2]
+    loss, norm = reference_loss_and_norm(ner["model16"], sentences(16, seed=2))
+    for update in [first_update(out) for out in (one, cut, two)]:
+        assert update["loss"] == pytest.approx(loss, rel=1e-5)
+        assert update["grad_norm"] == pytest.approx(norm, rel=1e-4)
+    words = sum(len(s["tokens"]) for s in sentences(15, seed=1))
+    for r in results:
+        assert r["eval_samples"] == 15 and r["eval_words"] == words
+        for key in ("eval_f1", "eval_precision", "eval_recall", "eval_accuracy", "eval_f1_PER"):
+            assert r[key] == pytest.approx(results[0][key], abs=1e-12), key
+        assert r["eval_loss"] == pytest.approx(results[0]["eval_loss"], rel=1e-5)
+        assert r["eval_confusion_matrix"] == results[0]["eval_confusion_matrix"]
+
+
+def test_tagging_learns_scores_as_seqeval_and_predicts_per_word(ner, tmp_path, capsys):
+    """A few epochs: eval_f1 rises well above chance; the task line states the CoNLL source, IOB2 and the
+    counts; predictions of the validation words (a test file of `tokens`) give, through seqeval, the very
+    metrics the run reported; the card and the confusion matrix are written."""
+    from seqeval.metrics import classification_report
+
+    out = tmp_path / "out"
+    test = write_jsonl(tmp_path / "test.jsonl", [{"tokens": s["tokens"]} for s in sentences(15, seed=1)])
+    results = main(tag_args(ner, out, "--num_train_epochs", "4", "--per_device_train_batch_size", "8",
+                            "--learning_rate", "5e-3", "--eval_strategy", "epoch",
+                            "--do_predict", "--test_file", str(test)))  # fmt: skip
+    printed = capsys.readouterr().out
+    assert (
+        "task: token_classification, CoNLL files + rows (tokens, ner_tags), tag scheme IOB2 (BIO), 6 tags: "
+        "O, B-LOC, B-ORG, B-PER, I-LOC, I-PER; train 48 sentences, 358 words, 92 entities"
+    ) in printed
+    assert results["metric_for_best_model"] == "eval_f1"
+    assert 0.5 < results["eval_f1"] < 1, results["eval_f1"]  # learning, and not every entity found
+    gold = [s["ner_tags"] for s in sentences(15, seed=1)]
+    predicted = [line["tags"] for line in read_jsonl(out / "predictions.jsonl")]
+    assert [len(p) for p in predicted] == [len(g) for g in gold]
+    micro = classification_report(gold, predicted, output_dict=True, zero_division=0)["micro avg"]
+    assert results["eval_f1"] == pytest.approx(micro["f1-score"], abs=1e-12)
+    assert results["eval_precision"] == pytest.approx(micro["precision"], abs=1e-12)
+    assert results["eval_recall"] == pytest.approx(micro["recall"], abs=1e-12)
+    assert (out / "confusion_matrix.png").is_file()
+    card = (out / "README.md").read_text()
+    assert "pipeline_tag: token-classification" in card and 'aggregation_strategy="simple"' in card
