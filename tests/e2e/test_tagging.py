@@ -8,6 +8,7 @@ entities predictions.jsonl holds."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 from finetune.families.token_classification.tags import label_order
 from finetune.mnli import main
 from tests.helpers import read_jsonl, reset_accelerate
-from tests.tagging_data import sentences, tiny_tagger, write_conll, write_jsonl
+from tests.tagging_data import sentence, sentences, tiny_tagger, write_conll, write_jsonl
 from tests.warm_ranks import run_ranks
 
 
@@ -82,7 +83,7 @@ def reference_loss_and_norm(model_dir, rows: list[dict]) -> tuple[float, float]:
     norm = torch.linalg.vector_norm(
         torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None])
     )
-    return float(loss), float(norm)
+    return float(loss.detach()), float(norm)
 
 
 def test_one_update_is_the_same_however_the_window_is_cut_and_each_word_counts_once(ner, tmp_path):
@@ -142,3 +143,57 @@ def test_tagging_learns_scores_as_seqeval_and_predicts_per_word(ner, tmp_path, c
     assert (out / "confusion_matrix.png").is_file()
     card = (out / "README.md").read_text()
     assert "pipeline_tag: token-classification" in card and 'aggregation_strategy="simple"' in card
+    assert_pipeline_agrees_on_raw_text(out, tmp_path)
+
+
+def assert_pipeline_agrees_on_raw_text(model_dir, tmp_path):
+    """The exported model predicts raw text (split by its pre-tokenizer) in a run that only predicts; the
+    `pipeline` of the same folder, aggregation_strategy="simple", finds the same entities: type, character
+    span and score (names of one sub-token each, so its per-sub-token tags are the per-word ones)."""
+    from transformers import pipeline
+
+    texts = [" ".join(s["tokens"]).replace(" .", ".") for s in sentences(12, seed=3, single=True)]
+    raw = write_jsonl(tmp_path / "raw.jsonl", [{"text": text} for text in texts])
+    out = tmp_path / "predicted"
+    main(["--task_type", "token_classification", "--model_name_or_path", str(model_dir), "--do_train",
+          "false", "--do_predict", "--test_file", str(raw), "--output_dir", str(out), "--max_length", "32",
+          "--report_to", "none"])  # fmt: skip
+    lines = read_jsonl(out / "predictions.jsonl")
+    assert [line["text"] for line in lines] == texts
+    tag = pipeline("token-classification", model=str(model_dir), aggregation_strategy="simple")
+    found = 0
+    for line, entities in zip(lines, tag(texts), strict=True):
+        ours = [(e["type"], e["start"], e["end"]) for e in line["entities"]]
+        assert ours == [(e["entity_group"], e["start"], e["end"]) for e in entities], line["text"]
+        assert [e["score"] for e in line["entities"]] == pytest.approx(
+            [float(e["score"]) for e in entities], rel=1e-4
+        )
+        assert all(" ".join(e["words"]) == line["text"][e["start"] : e["end"]] for e in line["entities"])
+        found += len(ours)
+    assert found >= 6
+
+
+def test_a_sentence_five_times_max_length_gets_one_tag_per_word(ner, tmp_path, capsys):
+    """A 5 x --max_length sentence among short ones, evaluated and predicted by the tiny tagger: windows
+    over words score every word once, so each gets one tag and no gold entity is left out of the
+    references (the supports add up to every gold entity)."""
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    rng, long = random.Random(4), {"tokens": [], "ner_tags": []}
+    while len(long["tokens"]) < 5 * 32:  # a word is at least one sub-token
+        more = sentence(rng)
+        long = {key: long[key] + more[key] for key in long}
+    rows = [long, *sentences(3, seed=5)]
+    validation = write_jsonl(tmp_path / "long.jsonl", rows)
+    test = write_jsonl(tmp_path / "long_test.jsonl", [{"tokens": row["tokens"]} for row in rows])
+    out = tmp_path / "out"
+    results = main(["--task_type", "token_classification", "--model_name_or_path", str(ner["model16"]),
+                    "--do_train", "false", "--validation_file", str(validation), "--do_predict",
+                    "--test_file", str(test), "--output_dir", str(out), "--max_length", "32", "--doc_stride", "4",
+                    "--per_device_eval_batch_size", "3", "--report_to", "none"])  # fmt: skip
+    assert "longer than --max_length, in " in capsys.readouterr().out
+    assert results["eval_samples"] == 4 and results["eval_words"] == sum(len(r["tokens"]) for r in rows)
+    gold = sum(len(get_entities(row["ner_tags"])) for row in rows)
+    assert sum(v for k, v in results.items() if k.startswith("eval_support_")) == gold
+    predicted = read_jsonl(out / "predictions.jsonl")
+    assert [len(line["tags"]) for line in predicted] == [len(row["tokens"]) for row in rows]
