@@ -187,10 +187,11 @@ def test_a_sentence_five_times_max_length_gets_one_tag_per_word(ner, tmp_path, c
     validation = write_jsonl(tmp_path / "long.jsonl", rows)
     test = write_jsonl(tmp_path / "long_test.jsonl", [{"tokens": row["tokens"]} for row in rows])
     out = tmp_path / "out"
-    results = main(["--task_type", "token_classification", "--model_name_or_path", str(ner["model16"]),
-                    "--do_train", "false", "--validation_file", str(validation), "--do_predict",
-                    "--test_file", str(test), "--output_dir", str(out), "--max_length", "32",
-                    "--doc_stride", "4", "--per_device_eval_batch_size", "3", "--report_to", "none"])  # fmt: skip
+    args = ["--task_type", "token_classification", "--model_name_or_path", str(ner["model16"]),
+            "--do_train", "false", "--validation_file", str(validation), "--do_predict", "--test_file",
+            str(test), "--output_dir", str(out), "--max_length", "32", "--doc_stride", "4",
+            "--per_device_eval_batch_size", "3", "--report_to", "none"]  # fmt: skip
+    results = main(args)
     assert "longer than --max_length, in " in capsys.readouterr().out
     assert results["eval_samples"] == 4 and results["eval_words"] == sum(len(r["tokens"]) for r in rows)
     gold = sum(len(get_entities(row["ner_tags"])) for row in rows)
