@@ -143,6 +143,10 @@ def test_tagging_learns_scores_as_seqeval_and_predicts_per_word(ner, tmp_path, c
     assert (out / "confusion_matrix.png").is_file()
     card = (out / "README.md").read_text()
     assert "pipeline_tag: token-classification" in card and 'aggregation_strategy="simple"' in card
+    assert (
+        "## Confusion matrix (`eval_confusion_matrix`" in card
+        and "- long sentences: windows over words" in card
+    )
     assert_pipeline_agrees_on_raw_text(out, tmp_path)
 
 
@@ -198,3 +202,20 @@ def test_a_sentence_five_times_max_length_gets_one_tag_per_word(ner, tmp_path, c
     assert sum(v for k, v in results.items() if k.startswith("eval_support_")) == gold
     predicted = read_jsonl(out / "predictions.jsonl")
     assert [len(line["tags"]) for line in predicted] == [len(row["tokens"]) for row in rows]
+
+
+def test_lora_trains_the_adapters_and_the_head_and_exports_a_merged_tagger(ner, tmp_path):
+    """--use_peft (peft's TOKEN_CLS): adapters on query and value, the classifier head trained in full; the
+    exported folder is a plain token classifier that `pipeline` loads, its adapter beside it."""
+    from transformers import pipeline
+
+    out = tmp_path / "lora"
+    results = main(tag_args(ner, out, "--use_peft", "--lora_target_modules", "query", "value",
+                            "--max_train_steps", "4", "--per_device_train_batch_size", "8"))  # fmt: skip
+    assert results["trainable_parameters"] < results["total_parameters"] / 4
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["task_type"] == "TOKEN_CLS"
+    tagged = pipeline("token-classification", model=str(out))("John lives in Paris")
+    assert isinstance(tagged, list) and {t["entity"] for t in tagged} <= set(
+        json.loads((out / "config.json").read_text())["label2id"]
+    )
