@@ -66,6 +66,31 @@ def write_conll(path: Path, rows: list[dict], docstart: bool = True) -> Path:
     return path
 
 
+POS = {"in": "ADP", "for": "ADP", "that": "SCONJ", "the": "DET", "an": "DET", "a": "DET", ".": "PUNCT",
+       "will": "AUX", "was": "AUX", "lives": "VERB", "works": "VERB", "met": "VERB", "opened": "VERB",
+       "happened": "VERB", "said": "VERB", "buy": "VERB", "cold": "ADJ", "last": "ADJ", "yesterday": "ADV",
+       "today": "ADV", "nothing": "PRON"}  # fmt: skip
+"""UPOS of the templates' words; names are PROPN, any other word NOUN."""
+
+
+def write_conllu(path: Path, rows: list[dict]) -> Path:
+    """The sentences as CoNLL-U with their UPOS, every third one with a multiword token's range line
+    before its first word and an empty node after it (both untagged, as UD has them)."""
+    lines = []
+    for number, row in enumerate(rows):
+        lines += [f"# sent_id = {number}", f"# text = {' '.join(row['tokens'])}"]
+        for i, (word, tag) in enumerate(zip(row["tokens"], row["ner_tags"], strict=True), 1):
+            if number % 3 == 0 and i == 1:
+                lines.append(f"1-2\t{word}{row['tokens'][1]}\t_\t_\t_\t_\t_\t_\t_\t_")
+            upos = "PROPN" if tag != "O" else POS.get(word.lower(), "NOUN")
+            lines.append(f"{i}\t{word}\t{word.lower()}\t{upos}\t_\t_\t0\tdep\t_\t_")
+            if number % 3 == 0 and i == 1:
+                lines.append("1.1\tgone\tgo\tVERB\t_\t_\t_\t_\t0:root\t_")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def tiny_tagger(folder: Path, labels: tuple[str, ...] | None = None) -> Path:
     """The tiny random BERT of tests/backbones.py (MiniLM's WordPiece tokenizer) as a token classifier:
     its encoder saved with a token-classification head, without dropout (so that an update does not

@@ -18,7 +18,7 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 from finetune.families.token_classification.tags import label_order
 from finetune.mnli import main
 from tests.helpers import read_jsonl, reset_accelerate
-from tests.tagging_data import sentence, sentences, tiny_tagger, write_conll, write_jsonl
+from tests.tagging_data import sentence, sentences, tiny_tagger, write_conll, write_conllu, write_jsonl
 from tests.warm_ranks import run_ranks
 
 
@@ -219,3 +219,22 @@ def test_lora_trains_the_adapters_and_the_head_and_exports_a_merged_tagger(ner, 
     assert isinstance(tagged, list) and {t["entity"] for t in tagged} <= set(
         json.loads((out / "config.json").read_text())["label2id"]
     )
+
+
+def test_pos_tags_from_conllu_are_scored_by_word_accuracy_and_macro_f1(ner, tmp_path, capsys):
+    """UPOS from CoNLL-U (range lines and empty nodes skipped): no scheme, so eval_accuracy picks the best
+    model, with eval_macro_f1 and the confusion matrix; predictions carry tags and no entities."""
+    train, validation = (write_conllu(tmp_path / f"{n}.conllu", sentences(k, seed=s))
+                         for n, k, s in (("train", 32, 6), ("dev", 9, 7)))  # fmt: skip
+    out = tmp_path / "pos"
+    args = tag_args({**ner, "train": train, "validation": validation}, out, "--num_train_epochs", "2",
+                    "--per_device_train_batch_size", "8", "--learning_rate", "5e-3", "--do_predict",
+                    "--test_file", str(validation))  # fmt: skip
+    results = main(args)
+    assert "CoNLL-U (upos), tag scheme none" in capsys.readouterr().out
+    assert results["metric_for_best_model"] == "eval_accuracy"
+    assert 0 < results["eval_macro_f1"] <= 1 and results["eval_f1_PROPN"] >= 0
+    assert results["eval_words"] == sum(len(s["tokens"]) for s in sentences(9, seed=7))
+    assert (out / "confusion_matrix.png").is_file()
+    lines = read_jsonl(out / "predictions.jsonl")
+    assert all(line["entities"] == [] and len(line["tags"]) == len(line["words"]) for line in lines)
