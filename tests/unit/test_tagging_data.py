@@ -154,3 +154,28 @@ def test_a_training_tag_outside_label_names_is_refused(tmp_path):
     train = jsonl(tmp_path / "t.jsonl", [{"tokens": ["a"], "tags": ["B-X"]}])
     with pytest.raises(ConfigError, match="tag B-X is not in --label_names; add it"):
         load_tag_splits(tagging_config(tmp_path, train, label_names="O"))
+
+
+def test_a_dataset_folder_with_class_label_tags_and_balanced_weights(tmp_path):
+    """--dataset_name (a local folder here, a Hub id alike) whose tags are Sequence(ClassLabel): read as
+    names; --class_weights balanced from the training words' tags; --validation_split_percentage carves
+    sentences with --seed."""
+    names = ["O", "B-PER", "I-PER"]
+    features = Features({"tokens": List(Value("string")), "ner_tags": List(ClassLabel(names=names))})
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = {"tokens": [["Ann", "Lee", "ran"], ["it", "rained"]] * 5, "ner_tags": [[1, 2, 0], [0, 0]] * 5}
+    Dataset.from_dict(rows, features=features).to_parquet(folder / "train.parquet")
+    config = TrainConfig(task_type="token_classification", dataset_name=str(folder), class_weights="balanced",
+                         validation_split_percentage=20, output_dir=str(tmp_path / "out"),
+                         model_name_or_path=str(tmp_path))  # fmt: skip
+    task, splits = load_tag_splits(config)
+    assert len(splits["train"]) == 8 and len(splits["validation"]) == 2
+    assert task.label_names == ("O", "B-PER", "I-PER")
+    counts = {"O": 0, "B-PER": 0, "I-PER": 0}
+    for tags in splits["train"]["tags"]:
+        for tag in tags:
+            counts[tag] += 1
+    total = sum(counts.values())
+    assert task.class_weights == pytest.approx([total / (3 * counts[n]) for n in task.label_names])
+    assert task.format.startswith("rows (tokens, ner_tags) from --dataset_name")
