@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from finetune.families.token_classification.tags import label_order
 from finetune.mnli import main
-from tests.helpers import read_jsonl, reset_accelerate
+from tests.helpers import read_jsonl, reset_accelerate, weights
 from tests.tagging_data import sentence, sentences, tiny_tagger, write_conll, write_conllu, write_jsonl
 from tests.warm_ranks import run_ranks
 
@@ -238,3 +239,39 @@ def test_pos_tags_from_conllu_are_scored_by_word_accuracy_and_macro_f1(ner, tmp_
     assert (out / "confusion_matrix.png").is_file()
     lines = read_jsonl(out / "predictions.jsonl")
     assert all(line["entities"] == [] and len(line["tags"]) == len(line["words"]) for line in lines)
+
+
+def test_a_run_resumed_from_its_checkpoint_ends_bitwise_equal(ner, tmp_path, capsys):
+    """8 updates of 8 sentences (6 an epoch: the 7th starts the second epoch's reshuffle), a checkpoint
+    every 4; the run that died after step 4 resumes from checkpoint-4 and ends with the unbroken run's
+    weights, bit for bit."""
+    steps = ("--max_train_steps", "8", "--checkpointing_steps", "4", "--per_device_train_batch_size", "8",
+             "--learning_rate", "3e-3", "--eval_strategy", "no", "--label_all_tokens")  # fmt: skip
+    unbroken = tmp_path / "unbroken"
+    main(tag_args(ner, unbroken, *steps))
+    reset_accelerate()
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copytree(unbroken / "checkpoint-4", out / "checkpoint-4")
+    capsys.readouterr()
+    results = main(tag_args(ner, out, *steps, "--resume_from_checkpoint", "auto"))
+    assert f"resuming from {out / 'checkpoint-4'} at step 4" in capsys.readouterr().out
+    assert results["global_step"] == 8
+    a, b = weights(unbroken), weights(out)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_a_decoder_tags_words_full_and_with_lora(ner, tmp_path, lora):
+    """A tiny Llama (byte-level BPE without a pad token) as LlamaForTokenClassification: it trains, pads
+    with its EOS token, and tags every validation word."""
+    from tests.backbones import build_tiny
+
+    model = build_tiny("llama", tmp_path / "llama")
+    out = tmp_path / "out"
+    peft = ("--use_peft", "--lora_target_modules", "q_proj", "v_proj") if lora else ()
+    results = main(tag_args({**ner, "model": model}, out, "--max_train_steps", "3",
+                            "--per_device_train_batch_size", "8", *peft))  # fmt: skip
+    assert results["eval_words"] == sum(len(s["tokens"]) for s in sentences(15, seed=1))
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForTokenClassification"] and len(config["id2label"]) == 6
