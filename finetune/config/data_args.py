@@ -97,8 +97,8 @@ class DataArgs:
     default: a quarter of --max_length (32 at 128; run_qa has 128 at 384). Must be less than the window's
     room for the text (--max_length minus the special tokens and a pair's second text).
     token_classification: words of overlap between the windows of a sentence longer than --max_length
-    (always windowed; each word scored in the window where it has the most context); default: --max_length
-    / 8 (16 at 128)."""
+    (always windowed; each word scored in the window where it has the most context), at most half a
+    window's words; default: --max_length / 8 (16 at 128)."""
     window_aggregation: WindowAggregation = "mean"
     """--long_documents sliding_window: a document's logits from its windows' logits: mean, or max (per class,
     label or score: the highest logit any window gives it); then softmax, sigmoid or the score as usual."""

@@ -129,8 +129,8 @@ def test_tagging_learns_scores_as_seqeval_and_predicts_per_word(ner, tmp_path, c
                             "--do_predict", "--test_file", str(test)))  # fmt: skip
     printed = capsys.readouterr().out
     assert (
-        "task: token_classification, CoNLL files + rows (tokens, ner_tags), tag scheme IOB2 (BIO), 6 tags: "
-        "O, B-LOC, B-ORG, B-PER, I-LOC, I-PER; train 48 sentences, 358 words, 92 entities"
+        "task: token_classification, CoNLL files + jsonl rows (tokens, ner_tags), tag scheme IOB2 (BIO), "
+        "6 tags: O, B-LOC, B-ORG, B-PER, I-LOC, I-PER; train 48 sentences, 358 words, 92 entities"
     ) in printed
     assert results["metric_for_best_model"] == "eval_f1"
     assert 0.5 < results["eval_f1"] < 1, results["eval_f1"]  # learning, and not every entity found

@@ -178,4 +178,4 @@ def test_a_dataset_folder_with_class_label_tags_and_balanced_weights(tmp_path):
             counts[tag] += 1
     total = sum(counts.values())
     assert task.class_weights == pytest.approx([total / (3 * counts[n]) for n in task.label_names])
-    assert task.format.startswith("rows (tokens, ner_tags) from --dataset_name")
+    assert task.format == f"rows (tokens, ner_tags) of --dataset_name {folder}"

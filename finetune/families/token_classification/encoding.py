@@ -35,8 +35,9 @@ def special_tokens(tokenizer) -> tuple[list[int], list[int]]:
 
 def word_windows(lengths: list[int], room: int, stride: int) -> list[tuple[int, int]]:
     """[start, end) word spans of at most `room` sub-tokens (a word longer than the room counts as the
-    room: truncated to it), each starting `stride` words before the previous one's end (at least one word
-    later); one span when the sentence fits."""
+    room: truncated to it), each starting `stride` words before the previous one's end (at most half the
+    previous window's words, so windows move on by at least half a window); one span when the sentence
+    fits."""
     spans, start = [], 0
     while True:
         end, used = start, 0
@@ -46,7 +47,7 @@ def word_windows(lengths: list[int], room: int, stride: int) -> list[tuple[int, 
         spans.append((start, end))
         if end >= len(lengths):
             return spans
-        start = max(start + 1, end - stride)
+        start = max(start + 1, end - min(stride, (end - start) // 2))
 
 
 def scoring_windows(spans: list[tuple[int, int]], words: int) -> list[int]:

@@ -30,9 +30,11 @@ def read_split(config, name: str, source: str, dataset: Dataset | None = None) -
     if suffix == CONLLU:
         column = "upos" if config.label_column == "label" else config.label_column
         return read_conllu(source, column, labelled), f"CoNLL-U ({column})"
+    kind = "rows" if dataset is not None else f"{suffix.lstrip('.')} rows"
     if dataset is None:
         dataset = load_data_file(source, ())
-    return read_rows(dataset, config, source, labelled)
+    split, columns = read_rows(dataset, config, source, labelled)
+    return split, f"{kind} {columns}"
 
 
 def read_conll(path: str, labelled: bool) -> Dataset:
@@ -132,13 +134,13 @@ def _lines(path: str):
 def read_rows(dataset: Dataset, config, source: str, labelled: bool) -> tuple[Dataset, str]:
     """Rows with a list of words (`tokens`, or --text_columns) and a list of tags (`tags` or `ner_tags`, or
     --label_column): names, or ids read through --label_names or the column's ClassLabel names. A test
-    split takes `tokens` or a raw `text` column."""
+    split takes `tokens` or a raw `text` column. Returns the split and the columns read, for the task line."""
     columns = dataset.column_names
     word_column = config.text_column_names[0] if config.text_column_names else None
     if not labelled and word_column is None and "tokens" not in columns and "text" in columns:
         texts = _column(dataset, "text")
         _check_texts(texts, source)
-        return Dataset.from_dict({"text": texts}), "raw text"
+        return Dataset.from_dict({"text": texts}), "(raw text)"
     word_column = word_column or "tokens"
     tag_column = None
     if labelled:
@@ -155,7 +157,7 @@ def read_rows(dataset: Dataset, config, source: str, labelled: bool) -> tuple[Da
     words = _column(dataset, word_column)
     _check_words(words, source, word_column)
     if not labelled:
-        return Dataset.from_dict({"words": words}), f"rows ({word_column})"
+        return Dataset.from_dict({"words": words}), f"({word_column})"
     tags = _tag_names(dataset, tag_column, config, source)
     for row, (row_words, row_tags) in enumerate(zip(words, tags, strict=True)):
         if len(row_words) != len(row_tags):
@@ -164,7 +166,7 @@ def read_rows(dataset: Dataset, config, source: str, labelled: bool) -> tuple[Da
                 "one tag",
                 fix="give every word one tag",
             )
-    return Dataset.from_dict({"words": words, "tags": tags}), f"rows ({word_column}, {tag_column})"
+    return Dataset.from_dict({"words": words, "tags": tags}), f"({word_column}, {tag_column})"
 
 
 def _column(dataset: Dataset, name: str) -> list:

@@ -111,12 +111,11 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
     label_names = _label_names(config, labelled)
     scheme = detect_scheme(labelled.get("train") or labelled.get("validation") or [list(label_names)])
     formats.discard(None)
-    source = "local files" if config.uses_local_files else f"--dataset_name {config.dataset_name}"
-    fmt = " + ".join(sorted(formats)) or "test rows"
+    fmt = " + ".join(sorted(formats)) or "test rows only"
     task = TagTask(
         label_names=label_names,
         scheme=scheme,
-        format=f"{fmt} from {source}" if fmt.startswith("rows") else fmt,
+        format=fmt if config.uses_local_files else f"{fmt} of --dataset_name {config.dataset_name}",
         class_weights=_class_weights(config, label_names, labelled.get("train")),
         label_smoothing=config.label_smoothing_factor,
         label_all_tokens=config.label_all_tokens,
