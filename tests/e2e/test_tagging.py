@@ -87,6 +87,7 @@ def reference_loss_and_norm(model_dir, rows: list[dict]) -> tuple[float, float]:
     return float(loss.detach()), float(norm)
 
 
+@pytest.mark.multiprocess
 def test_one_update_is_the_same_however_the_window_is_cut_and_each_word_counts_once(ner, tmp_path):
     """16 sentences in one update of batch 16; 8 x 2 accumulation; 2 processes x 8: the same logged loss
     and gradient norm, plain PyTorch's mean over every labelled sub-token of the 16; and the same evaluation
