@@ -123,6 +123,8 @@ class TokenClassification:
         return model, tokenizer, backbone, speed
 
     def tokenize(self, task: TagTask, splits: dict, tokenizer, config, accelerator) -> dict:
+        """The splits as windows (encoding.py); no collective: the rows are in memory and every rank
+        encodes them alike, a pure function of the rows, the tokenizer and the flags."""
         return encode_splits(task, splits, tokenizer, config)
 
     def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
