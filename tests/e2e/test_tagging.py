@@ -276,3 +276,27 @@ def test_a_decoder_tags_words_full_and_with_lora(ner, tmp_path, lora):
     assert results["eval_words"] == sum(len(s["tokens"]) for s in sentences(15, seed=1))
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForTokenClassification"] and len(config["id2label"]) == 6
+
+
+def test_seeds_summarize_tagging_runs(ner, tmp_path, capsys):
+    """--seeds: each seed a complete tagging run, summarized over eval_f1 (the family's metric)."""
+    out = tmp_path / "seeds"
+    summary = main(tag_args(ner, out, "--max_train_steps", "3", "--per_device_train_batch_size", "8",
+                            "--seeds", "1,2"))  # fmt: skip
+    assert summary["seeds"] == [1, 2] and summary["metrics"]["eval_f1"]["n"] == 2
+    assert "eval_f1 over 2 seeds: " in capsys.readouterr().out
+
+
+def test_a_sweep_maximizes_the_tagging_f1(ner, tmp_path):
+    """A 2-trial sweep of tagging runs: each trial judged by eval_f1, maximized."""
+    from finetune.studies.sweep import sweep_main
+
+    config = tmp_path / "sweep.yaml"
+    config.write_text("n_trials: 2\nsampler: random\nseed: 0\nsearch_space:\n"
+                      "  learning_rate: {type: float, low: 1.0e-3, high: 1.0e-2, log: true}\n")  # fmt: skip
+    out = tmp_path / "sweep"
+    sweep_main(["--sweep_config", str(config), *tag_args(ner, out, "--max_train_steps", "3",
+                                                          "--per_device_train_batch_size", "8")])  # fmt: skip
+    report = json.loads((out / "sweep.json").read_text())
+    assert report["direction"] == "maximize" and len(report["trials"]) == 2
+    assert report["best_trial"]["value"] == max(t["value"] for t in report["trials"])
