@@ -149,10 +149,10 @@ def test_tagging_learns_scores_as_seqeval_and_predicts_per_word(ner, tmp_path, c
         "## Confusion matrix (`eval_confusion_matrix`" in card
         and "- long sentences: windows over words" in card
     )
-    assert_pipeline_agrees_on_raw_text(out, tmp_path)
+    assert_pipeline_agrees_on_raw_text(out, tmp_path, capsys)
 
 
-def assert_pipeline_agrees_on_raw_text(model_dir, tmp_path):
+def assert_pipeline_agrees_on_raw_text(model_dir, tmp_path, capsys):
     """The exported model predicts raw text (split by its pre-tokenizer) in a run that only predicts; the
     `pipeline` of the same folder, aggregation_strategy="simple", finds the same entities: type, character
     span and score (names of one sub-token each, so its per-sub-token tags are the per-word ones)."""
@@ -161,9 +161,14 @@ def assert_pipeline_agrees_on_raw_text(model_dir, tmp_path):
     texts = [" ".join(s["tokens"]).replace(" .", ".") for s in sentences(12, seed=3, single=True)]
     raw = write_jsonl(tmp_path / "raw.jsonl", [{"text": text} for text in texts])
     out = tmp_path / "predicted"
+    capsys.readouterr()
     main(["--task_type", "token_classification", "--model_name_or_path", str(model_dir), "--do_train",
           "false", "--do_predict", "--test_file", str(raw), "--output_dir", str(out), "--max_length", "32",
           "--report_to", "none"])  # fmt: skip
+    assert (
+        "task: token_classification, jsonl rows (raw text), tag scheme IOB2 (BIO), 6 tags"
+        in capsys.readouterr().out
+    )
     lines = read_jsonl(out / "predictions.jsonl")
     assert [line["text"] for line in lines] == texts
     tag = pipeline("token-classification", model=str(model_dir), aggregation_strategy="simple")

@@ -16,6 +16,7 @@ from finetune.families.token_classification.tags import (
     entity_scores,
     inside_of,
     label_order,
+    scheme_of_names,
     word_scores,
 )
 
@@ -34,6 +35,9 @@ def test_the_scheme_is_detected_from_the_training_tags():
     assert detect_scheme([["NOUN", "VERB", "DET"]]) == "none"
     assert detect_scheme([["O", "O"]]) == "none"
     assert detect_scheme([["B-PER", "NOUN"]]) == "none"  # a mix has no scheme
+    # Names alone (a finished model's labels): B- tags say IOB2.
+    assert scheme_of_names(("O", "B-LOC", "B-PER", "I-LOC", "I-PER")) == "IOB2"
+    assert scheme_of_names(("O", "I-LOC")) == "IOB1" and scheme_of_names(("NOUN", "O")) == "none"
 
 
 def test_labels_are_sorted_with_O_first_and_B_maps_to_its_I():

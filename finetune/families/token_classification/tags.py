@@ -38,6 +38,15 @@ def detect_scheme(sentences: list[list[str]]) -> str:
     return "IOB2"
 
 
+def scheme_of_names(label_names) -> str:
+    """The scheme when only the tag names are known (a model's labels, nothing labelled read): IOB1 and
+    IOB2 differ only in sequences, so B- tags say IOB2."""
+    prefixes = {m.group(1) if (m := PREFIXED.match(tag)) else None for tag in set(label_names) - {"O"}}
+    if not prefixes or None in prefixes:
+        return "none"
+    return "BIOES" if prefixes & {"E", "S"} else "IOB2" if "B" in prefixes else "IOB1"
+
+
 def label_order(tags) -> tuple[str, ...]:
     """The labels' ids: sorted, O first where present."""
     return tuple(sorted(set(tags), key=lambda tag: (tag != "O", tag)))

@@ -20,6 +20,7 @@ from finetune.families.token_classification.tags import (
     entities,
     entity_types,
     label_order,
+    scheme_of_names,
 )
 
 
@@ -94,10 +95,9 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
         "validation": not config.carves_validation and (config.evaluates_training or not config.do_train),
         "test": config.do_predict,
     }
-    splits, formats = {}, set()
+    splits, formats = {}, {}
     for name, (source, dataset) in load_tag_sources(config, wanted).items():
-        splits[name], fmt = read_split(config, name, source, dataset)
-        formats.add(fmt if name != "test" else None)
+        splits[name], formats[name] = read_split(config, name, source, dataset)
     if config.carves_validation:
         splits["train"], splits["validation"] = _carve(splits["train"], config)
     for name, limit in (("train", config.max_train_samples), ("validation", config.max_eval_samples)):
@@ -109,9 +109,10 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
         if name != "test"
     }
     label_names = _label_names(config, labelled)
-    scheme = detect_scheme(labelled.get("train") or labelled.get("validation") or [list(label_names)])
-    formats.discard(None)
-    fmt = " + ".join(sorted(formats)) or "test rows only"
+    sequences = labelled.get("train") or labelled.get("validation")
+    scheme = detect_scheme(sequences) if sequences else scheme_of_names(label_names)
+    read = {fmt for name, fmt in formats.items() if name != "test"} or set(formats.values())
+    fmt = " + ".join(sorted(read))
     task = TagTask(
         label_names=label_names,
         scheme=scheme,
