@@ -81,3 +81,22 @@ def test_raw_text_is_split_as_the_pre_tokenizer_splits_it_with_spans(tokenizer):
     words, spans = split_text(tokenizer, text)
     assert words == ["John", "lives", "in", "New", "-", "York", ",", "today", "."]
     assert [text[s:e] for s, e in spans] == words
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "byte-level BPE"])
+def test_raw_text_gets_the_tokens_the_tokenizer_gives_the_whole_text(tokenizer, kind):
+    """Words split from a text and tokenized one by one get the very tokens of the whole text: WordPiece
+    splits words anyway; a byte-level BPE without add_prefix_space gets each word's space back (a word
+    glued to the one before, like a full stop, none)."""
+    from tests.backbones import decoder_tokenizer
+
+    tokenizer = tokenizer if kind == "wordpiece" else decoder_tokenizer()
+    text = "Yesterday John met Mary in New York, and they walked to the river."
+    task = TagTask(label_names=("O",), scheme="none", format="rows")
+    task.counts["test"] = {"sentences": 1, "words": 0}
+    config = TrainConfig(
+        task_type="token_classification", test_file="t.jsonl", do_train=False, do_predict=True
+    )
+    windows = encode_splits(task, {"test": Dataset.from_dict({"text": [text]})}, tokenizer, config)["test"]
+    assert windows[0]["input_ids"] == tokenizer(text)["input_ids"]
+    assert task.references["test"][0]["words"][-2:] == ["river", "."]

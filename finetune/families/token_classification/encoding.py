@@ -6,6 +6,7 @@ both sides; the others carry it as context only."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from datasets import Dataset
@@ -62,6 +63,16 @@ def scoring_windows(spans: list[tuple[int, int]], words: int) -> list[int]:
     return [number for _, number in best]
 
 
+def spaces_words(tokenizer) -> bool:
+    """Whether pre-split words must carry the space before them: a byte-level BPE that adds none itself
+    (GPT-2's, Llama 3's, Qwen's: add_prefix_space false) reads each word as a text's start, with other
+    tokens than the same word gets in running text, unless the word brings its space along."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    pre = (json.loads(backend.to_str()).get("pre_tokenizer") or {}) if backend is not None else {}
+    parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    return any(p.get("type") == "ByteLevel" and not p.get("add_prefix_space", False) for p in parts)
+
+
 def split_text(tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]]]:
     """Raw text as words with their character spans, as the tokenizer's pre-tokenizer splits it (BERT's:
     spaces and punctuation); whitespace it keeps with a word (byte-level BPE's, SentencePiece's) is
@@ -107,6 +118,7 @@ def encode_splits(task, splits: dict, tokenizer, config) -> dict[str, Dataset]:
     inside = inside_of(task.label_names) if config.label_all_tokens else None
     unk = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
     shape = (prefix, suffix, room, stride_of(config), inside, unk)
+    spaced = spaces_words(tokenizer)
     encoded = {}
     for name, split in splits.items():
         columns = split.to_dict()
@@ -115,10 +127,15 @@ def encode_splits(task, splits: dict, tokenizer, config) -> dict[str, Dataset]:
             task.references[name] = inputs
             words, tags = [i["words"] for i in inputs], None
             task.counts[name]["words"] = sum(len(w) for w in words)
+            if spaced:  # the space before a word, where the text has one
+                words = [[" " * (s > 0 and i["text"][s - 1].isspace()) + w for w, (s, _) in
+                          zip(i["words"], i["spans"], strict=True)] for i in inputs]  # fmt: skip
         else:
             words, tags = columns["words"], columns["tags"]
             task.references[name] = tags
             tags = [[label_ids.get(tag, IGNORE) for tag in row] for row in tags]
+            if spaced:  # words separated by spaces, as in running text
+                words = [[" " * (n > 0) + w for n, w in enumerate(row)] for row in words]
         encoded[name], windowed, windows = _encode(words, tags, tokenizer, shape)
         if windowed:
             task.counts[name].update(windowed=windowed, windows=windows)
