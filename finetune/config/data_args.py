@@ -11,9 +11,11 @@ from finetune.data.tasks import TASK_CHOICES
 from finetune.errors import ConfigError
 
 DATA_EXTENSIONS = (".jsonl", ".json", ".csv", ".tsv", ".parquet")
+TAGGING_EXTENSIONS = (".conll", ".iob", ".conllu")
+"""--task_type token_classification also reads CoNLL (word and tag per line) and CoNLL-U files."""
 GLUE_DATASET = "nyu-mll/glue"
 TaskName = Literal[TASK_CHOICES]
-TaskType = Literal["sequence_classification", "causal_lm"]
+TaskType = Literal["sequence_classification", "causal_lm", "token_classification"]
 LongDocuments = Literal["truncate", "sliding_window"]
 WindowAggregation = Literal["mean", "max"]
 WindowLossWeighting = Literal["window", "document"]
@@ -27,7 +29,9 @@ class DataArgs:
     task_type: TaskType = "sequence_classification"
     """What the run learns. sequence_classification: a label (or score) per text (--task_name). causal_lm:
     supervised fine-tuning of a decoder LLM on the rows of --train_file or --dataset_name (columns
-    `messages`, `prompt` + `completion`, or `text`, as TRL reads them); it needs no --task_name."""
+    `messages`, `prompt` + `completion`, or `text`, as TRL reads them); it needs no --task_name.
+    token_classification: a tag per word (NER, POS) from JSONL/parquet rows (`tokens` and `tags` or
+    `ner_tags`), CoNLL files (.conll, .iob) or CoNLL-U (.conllu); it needs no --task_name."""
     task_name: TaskName = "mnli"
     """Sequence classification: a GLUE task, or custom: your own files or dataset, its labels read from the
     data."""
@@ -50,9 +54,20 @@ class DataArgs:
     test_file: str | None = None
     """Local file to predict with --do_predict; only the text column(s) are needed."""
     text_columns: str | None = None
-    """Comma-separated text column(s) of the files, one or two; default: the task's own."""
+    """Comma-separated text column(s) of the files, one or two; default: the task's own.
+    token_classification: the column of each row's list of words (default: `tokens`)."""
     label_column: str = "label"
-    """Label column of the files (class name, class id or a float)."""
+    """Label column of the files (class name, class id or a float). token_classification: the column of
+    each row's list of tags (default: `tags` or `ner_tags`); in a CoNLL-U file upos (default), xpos or
+    deprel."""
+    label_names: str | None = None
+    """token_classification: comma-separated tag names, in id order, for files whose tags are ids (HF's
+    conll2003 ner_tags: O,B-PER,I-PER,B-ORG,I-ORG,B-LOC,I-LOC,B-MISC,I-MISC); the model's labels keep
+    that order. A Hub dataset's ClassLabel names need none."""
+    label_all_tokens: bool = False
+    """token_classification: train every sub-token of a word on its tag (a B-X's later sub-tokens on I-X,
+    run_ner's name and rule), not its first sub-token only. Metrics and predictions stay per word, read from
+    each word's first sub-token."""
     label_separator: str = "|"
     """Separator of several labels in one CSV/TSV label cell (sports|politics): such cells, or JSON lists in
     JSONL, make a custom task multi-label (sigmoid per label, BCE loss). 'none': a cell is one label, whatever
@@ -80,7 +95,10 @@ class DataArgs:
     doc_stride: int | None = None
     """--long_documents sliding_window: tokens of overlap between consecutive windows (HF run_qa's name);
     default: a quarter of --max_length (32 at 128; run_qa has 128 at 384). Must be less than the window's
-    room for the text (--max_length minus the special tokens and a pair's second text)."""
+    room for the text (--max_length minus the special tokens and a pair's second text).
+    token_classification: words of overlap between the windows of a sentence longer than --max_length
+    (always windowed; each word scored in the window where it has the most context), at most half a
+    window's words; default: --max_length / 8 (16 at 128)."""
     window_aggregation: WindowAggregation = "mean"
     """--long_documents sliding_window: a document's logits from its windows' logits: mean, or max (per class,
     label or score: the highest logit any window gives it); then softmax, sigmoid or the score as usual."""
@@ -127,7 +145,8 @@ class DataArgs:
                 raise ConfigError(f"--{name} must be a positive integer or left unset, got {value}")
         if self.doc_stride is not None and self.doc_stride <= 0:
             raise ConfigError(f"--doc_stride must be a positive integer or left unset, got {self.doc_stride}")
-        if self.doc_stride is not None and self.long_documents != "sliding_window":
+        tagging = self.task_type == "token_classification"
+        if self.doc_stride is not None and self.long_documents != "sliding_window" and not tagging:
             raise ConfigError(
                 "--doc_stride is the overlap of --long_documents sliding_window's windows; add "
                 "--long_documents sliding_window or drop --doc_stride"
@@ -154,12 +173,18 @@ class DataArgs:
             raise ConfigError("--task_name custom needs --text_columns (one column, or two for pairs)")
         if self.validation_mismatched_file and self.task_name != "mnli":
             raise ConfigError("--validation_mismatched_file is for MNLI only; use --validation_file")
+        extensions = DATA_EXTENSIONS + (TAGGING_EXTENSIONS if tagging else ())
         for name in ("train_file", "validation_file", "validation_mismatched_file", "test_file"):
             path = getattr(self, name)
-            if path and Path(path).suffix.lower() not in DATA_EXTENSIONS:
+            if path and Path(path).suffix.lower() not in extensions:
                 raise ConfigError(
-                    f"--{name} {path}: unsupported extension; use one of {', '.join(DATA_EXTENSIONS)}"
+                    f"--{name} {path}: unsupported extension; use one of {', '.join(extensions)}"
                 )
+        if not tagging and (self.label_names is not None or self.label_all_tokens):
+            flag = "--label_names" if self.label_names is not None else "--label_all_tokens"
+            raise ConfigError(
+                f"{flag} is for --task_type token_classification; drop it", flag=flag, fix=f"drop {flag}"
+            )
         self._check_labels()
         renamed = [f"--{flag}" for flag, default in SPLIT_NAMES.items() if getattr(self, flag) != default]
         if self.uses_local_files and self.dataset_name != GLUE_DATASET:
@@ -167,7 +192,8 @@ class DataArgs:
                 "--dataset_name and local files (--train_file, ...) name two sources of rows: give one"
             )
         if renamed and (
-            self.uses_local_files or (self.task_name != "custom" and self.task_type != "causal_lm")
+            self.uses_local_files
+            or (self.task_name != "custom" and self.task_type == "sequence_classification")
         ):
             raise ConfigError(
                 f"{renamed[0]} names a split of a custom task's --dataset_name; GLUE tasks and local files "
@@ -175,10 +201,14 @@ class DataArgs:
             )
         if not self.uses_local_files and not self.dataset_name:
             raise ConfigError("give local files (--train_file/--validation_file), or a Hub --dataset_name")
-        if self.task_type == "causal_lm" and not self.uses_local_files and self.dataset_name == GLUE_DATASET:
+        if (
+            self.task_type != "sequence_classification"
+            and not self.uses_local_files
+            and (self.dataset_name == GLUE_DATASET)
+        ):
             raise ConfigError(
-                "--task_type causal_lm: give local files (--train_file, --validation_file) or --dataset_name "
-                "(a Hub dataset id or a local folder of .jsonl/.parquet files)",
+                f"--task_type {self.task_type}: give local files (--train_file, --validation_file) or "
+                "--dataset_name (a Hub dataset id or a local folder of .jsonl/.parquet files)",
                 flag="--train_file",
                 fix="give --train_file or --dataset_name",
             )

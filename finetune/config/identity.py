@@ -21,7 +21,7 @@ IDENTITY_FLAGS = (
     "task_type", "task_name", "text_columns", "label_column", "label_separator", "ignore_mismatched_sizes",
     "class_weights", "validation_split_percentage", "max_length", "max_train_samples", "max_eval_samples",
     "long_documents", "doc_stride", "window_aggregation", "window_loss_weighting",
-    "completion_only_loss", "assistant_only_loss", "packing",
+    "completion_only_loss", "assistant_only_loss", "packing", "label_names", "label_all_tokens",
     # model
     "model_revision", "gguf_file", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
     "lora_target_modules", "lora_modules_to_save",
@@ -128,6 +128,8 @@ ADDED_LATER = {
     "packing": False,
     "predict_with_generate": False,
     "generation_max_new_tokens": 128,
+    "label_names": None,
+    "label_all_tokens": False,
 }
 
 

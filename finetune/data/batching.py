@@ -12,7 +12,8 @@ from finetune.config.resolved import eval_batch_size
 from finetune.config.train_config import TrainConfig
 
 MODEL_INPUTS = (
-    "input_ids", "token_type_ids", "attention_mask", "labels", "row", "doc", "weight", "document_lengths"
+    "input_ids", "token_type_ids", "attention_mask", "labels", "row", "doc", "weight", "document_lengths",
+    "word_index",
 )  # fmt: skip
 
 

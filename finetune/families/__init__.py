@@ -1,4 +1,5 @@
-"""Task families: what a run learns (sequence classification, causal-LM SFT), plugged into the one loop."""
+"""Task families: what a run learns (sequence classification, causal-LM SFT, token classification),
+plugged into the one loop."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ def family_for(task_type: str):
         from finetune.families.causal_lm.family import CausalLM
 
         return CausalLM()
+    if task_type == "token_classification":
+        from finetune.families.token_classification.family import TokenClassification
+
+        return TokenClassification()
     from finetune.families.classification import SequenceClassification
 
     return SequenceClassification()

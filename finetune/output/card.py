@@ -149,7 +149,7 @@ def write_model_card(
         "",
         f"![loss, learning rate and evaluation metrics]({CURVES_FILE})",
         "",
-        *(_per_class_section(task, results) if isinstance(task, Task) else []),
+        *(_per_class_section(task, results) if isinstance(task, Task) else _confusion_section(results)),
     ]
     path.write_text("\n".join(lines))
 
@@ -210,8 +210,38 @@ def _per_class_section(task: Task, results: dict) -> list[str]:
     ]
 
 
+def _confusion_section(results: dict) -> list[str]:
+    """Another family's confusion matrix (token classification's, over words), when evaluation made one."""
+    found = _confusion(results)
+    if found is None:
+        return []
+    key, confusion = found
+    names = confusion["labels"]
+    return [
+        f"## Confusion matrix (`{key}`; rows: true, columns: predicted)",
+        "",
+        "| true \\ predicted | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+        *(
+            f"| {name} | " + " | ".join(map(str, counts)) + " |"
+            for name, counts in zip(names, confusion["matrix"], strict=True)
+        ),  # fmt: skip
+        "",
+        f"![confusion matrix]({CONFUSION_FILE})",
+        "",
+    ]
+
+
 def _long_documents_line(config: TrainConfig) -> str:
     """How texts longer than --max_length were read (the model scores one window of them)."""
+    if config.task_type == "token_classification":
+        from finetune.families.token_classification.encoding import stride_of
+
+        return (
+            f"- long sentences: windows over words of up to {config.max_length} tokens overlapping by "
+            f"{stride_of(config)} words, each word tagged in the window where it has the most context (a "
+            "`pipeline` reads one window: pass it `stride` for longer texts)"
+        )
     if config.window_stride is None:
         return f"- long documents: truncated to --max_length {config.max_length} tokens"
     weighs = {"document": "1 / its document's windows", "window": "1, so a document by its windows"}

@@ -1,0 +1,204 @@
+"""`--task_type token_classification`: the family's model (AutoModelForTokenClassification with the tags as
+id2label, full or LoRA), its loss (summed cross-entropy over labelled sub-tokens, their count as units),
+its evaluation and predictions per word (evaluation.py), its refusals and its card."""
+
+from __future__ import annotations
+
+import functools
+
+from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
+
+from finetune.config.train_config import greater_is_better_default
+from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
+from finetune.errors import ConfigError
+from finetune.families.family import Evaluator, MicroBatch
+from finetune.families.token_classification.batches import POSITIONS, TagCollator, token_loss
+from finetune.families.token_classification.encoding import encode_splits
+from finetune.families.token_classification.evaluation import evaluate_tags, predict_tags
+from finetune.families.token_classification.tags import SCHEME_WORDS
+from finetune.families.token_classification.task import TagTask, load_tag_splits, model_labels
+from finetune.hub import hub_error
+from finetune.model.backbones import fit_tokenizer_to_model
+from finetune.model.loading import _reset_head
+from finetune.model.lora import wrap_with_lora
+from finetune.model.options import loading_error, refuse_checkpoint_dtype
+from finetune.output.card import CardParts
+from finetune.speed.malloc import keep_freed_memory, resolve_keep_freed_memory
+from finetune.speed.memory import enable_gradient_checkpointing
+
+REFUSED = {  # flag: (the value that asks for it, why this family refuses it)
+    "validation_mismatched_file": (None, "is MNLI's second validation set"),
+    "calibrate": ("none", "rescales a classifier's softmax"),
+    "long_documents": (
+        "truncate",
+        "windows a classifier's documents; token_classification always windows long sentences over words "
+        "(--doc_stride words of overlap)",
+    ),
+    "window_aggregation": ("mean", "merges a classifier's windows; each word is scored in one window"),
+    "predict_with_generate": (False, "generates a causal LM's completions"),
+    "auto_find_batch_size": (False, "is not measured for token classification yet; set the batch size"),
+}
+ADD_PREFIX_SPACE = ("roberta", "deberta", "gpt2", "bloom", "longformer")
+"""Byte-level BPE tokenizers that read pre-split words only with a space before each (run_ner's list)."""
+
+
+class TokenClassification:
+    name = "token_classification"
+    pipeline_tag = "token-classification"
+    captures_cuda_graphs = False
+
+    def load(self, config) -> tuple[TagTask, dict]:
+        if config.task_name != "mnli":  # the default; any other was asked for
+            raise ConfigError(
+                f"--task_name {config.task_name} names a classification task; --task_type "
+                "token_classification reads its tags from the data: drop --task_name",
+                flag="--task_name",
+                fix="drop --task_name",
+            )
+        for flag, (default, why) in REFUSED.items():
+            if getattr(config, flag) != default:
+                raise ConfigError(
+                    f"--{flag} {why}; drop it for --task_type token_classification", flag=f"--{flag}"
+                )
+        if config.padding_free == "varlen" or config.cuda_graphs == "true":
+            flag = "--padding_free" if config.padding_free == "varlen" else "--cuda_graphs"
+            raise ConfigError(f"{flag} is not built for token_classification yet; drop it", flag=flag)
+        if config.text_column_names and len(config.text_column_names) != 1:
+            raise ConfigError(
+                f"--text_columns {config.text_columns}: token_classification reads one column of words; "
+                "name one",
+                flag="--text_columns",
+            )
+        return load_tag_splits(config)
+
+    def choose_metric(self, config, task: TagTask, splits: dict) -> dict:
+        if config.evaluates_training and "validation" not in splits:
+            raise ConfigError(
+                f"--eval_strategy {config.eval_strategy} evaluates on validation rows and this run has none; "
+                "give --validation_file or --validation_split_percentage, or --eval_strategy no",
+                flag="--eval_strategy",
+            )
+        measured = [*task.metric_keys(per_class=False), "eval_loss", *task.metric_keys()]
+        metric = config.metric_for_best_model or measured[0]
+        if config.evaluates_training and metric not in measured:
+            shown = ", ".join(dict.fromkeys(measured))
+            raise ConfigError(f"--metric_for_best_model {metric}: this run measures {shown}")
+        greater = config.greater_is_better
+        return {
+            "metric_for_best_model": metric,
+            "greater_is_better": greater_is_better_default(metric) if greater is None else greater,
+        }
+
+    def check(self, config, task: TagTask, splits: dict) -> None:
+        """Everything is refused in `load`, before the data is read."""
+
+    def build_model(self, args, task: TagTask, accelerator, loading: dict, bf16_native: bool, cuda_graphs):
+        model, tokenizer, kept = _load(args, task, loading)
+        device_type = accelerator.device.type
+        refuse_checkpoint_dtype(model, args, device_type, bf16_native)
+        changes = fit_tokenizer_to_model(model, tokenizer)
+        if getattr(model.config, "use_cache", False):
+            model.config.use_cache = False  # a tagger never generates
+        if args.gradient_checkpointing:
+            enable_gradient_checkpointing(model)
+        speed = {
+            "attn_implementation": model.config._attn_implementation,
+            "dropout_kernel": "torch",
+            "padding_free": "false",
+            "pad_to_multiple_of": resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda"),
+            "keep_freed_memory": resolve_keep_freed_memory(
+                args.keep_freed_memory, device_type, accelerator.mixed_precision
+            ),
+        }
+        if speed["keep_freed_memory"] == "true":
+            keep_freed_memory()
+        if args.use_peft:
+            model = wrap_with_lora(model, args, "TOKEN_CLS")
+        backbone = {
+            "model_type": model.config.model_type,
+            "head": "token classifier (a tag per sub-token), " + ("kept" if kept else "new"),
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "tokenizer_changes": changes,
+        }
+        return model, tokenizer, backbone, speed
+
+    def tokenize(self, task: TagTask, splits: dict, tokenizer, config, accelerator) -> dict:
+        """The splits as windows (encoding.py); no collective: the rows are in memory and every rank
+        encodes them alike, a pure function of the rows, the tokenizer and the flags."""
+        return encode_splits(task, splits, tokenizer, config)
+
+    def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
+        multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
+        token_types = "token_type_ids" in tokenizer.model_input_names
+        collator = TagCollator(tokenizer.pad_token_id, token_types, multiple, config.max_length)
+        return build_dataloaders(tokenized, tokenizer, config, world_size, on_gpu, collator=collator)
+
+    def forward_backward(
+        self, model, accelerator, task: TagTask, batch: dict, batch_divisor: int, graphs=None
+    ) -> MicroBatch:
+        """The summed cross-entropy of the micro-batch's labelled sub-tokens and their count: the loop
+        divides the window's gradients by every rank's count, so an update is the mean per labelled
+        sub-token of the whole window. Rows: the windows."""
+        labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
+        batch.pop("row"), batch.pop("word_index")
+        summed, units = token_loss(model(**batch).logits, labels, positions, task)
+        accelerator.backward(summed / batch_divisor)
+        return summed.detach(), units, labels.shape[0]
+
+    def evaluator(self, task: TagTask, accelerator) -> Evaluator:
+        return functools.partial(evaluate_tags, accelerator=accelerator, task=task)
+
+    def predict(self, accelerator, model, loader, task: TagTask, num_rows: int) -> list[dict]:
+        return predict_tags(accelerator, model, loader, task, num_rows)
+
+    def card_parts(self, config, task: TagTask) -> CardParts:
+        model = config.hub_model_id or config.output_dir
+        names = ", ".join(task.label_names[:12]) + (", ..." if len(task.label_names) > 12 else "")
+        if task.entity_tags:
+            asked = (
+                'print(tag("John Smith lives in Paris."))  # entities: entity_group, score, word, start, end'
+            )
+            pipe = f'pipeline("token-classification", model="{model}", aggregation_strategy="simple")'
+        else:
+            asked = 'print(tag("The cat sat on the mat."))  # a tag per sub-token: entity, score, word'
+            pipe = f'pipeline("token-classification", model="{model}")'
+        use = ("from transformers import pipeline", "", f"tag = {pipe}", asked)
+        trained_on = f"**tagging** (a tag per word, scheme {SCHEME_WORDS[task.scheme]}: {names})"
+        return CardParts(
+            pipeline_tag=self.pipeline_tag, tag="token-classification", trained_on=trained_on, use=use
+        )
+
+
+def _load(args, task: TagTask, loading: dict):
+    """AutoModelForTokenClassification with the tags as id2label, and its fast tokenizer. A checkpoint
+    that is a token classifier with these very labels keeps its head; any other gets a new one."""
+    name = args.model_name_or_path
+    hub = {key: loading[key] for key in ("revision", "trust_remote_code") if key in loading}
+    head = {"id2label": dict(enumerate(task.label_names)),
+            "label2id": {label: i for i, label in enumerate(task.label_names)}}  # fmt: skip
+    kept = model_labels(name, hub) == task.label_names
+    try:
+        model_type = AutoConfig.from_pretrained(name, **hub).model_type
+        spaced = {"add_prefix_space": True} if model_type in ADD_PREFIX_SPACE else {}
+        tokenizer = AutoTokenizer.from_pretrained(name, **hub, **spaced)
+        model_config = AutoConfig.from_pretrained(name, **hub, **head)
+        model = AutoModelForTokenClassification.from_pretrained(
+            name, config=model_config, ignore_mismatched_sizes=not kept, **loading
+        )
+    except ValueError as error:
+        raise loading_error(name, error, loading) from None
+    except OSError as error:
+        raise hub_error(name, error) from None
+    if not kept:
+        _reset_head(model)  # a sequence classifier's head of the same shape is no tagger's
+    if not tokenizer.is_fast:
+        raise ConfigError(
+            f"--model_name_or_path {name}: its tokenizer is not a fast (Rust) one, which word alignment "
+            "needs (word_ids); give a model with tokenizer.json"
+        )
+    positions = getattr(model.config, "max_position_embeddings", None)
+    if positions is not None and args.max_length > positions:
+        raise ConfigError(
+            f"--max_length {args.max_length} exceeds the model's {positions} positions; lower it"
+        )
+    return model, tokenizer, kept

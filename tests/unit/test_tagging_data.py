@@ -1,0 +1,181 @@
+"""Reading tagging data: JSONL rows (tag names, ids through --label_names or a ClassLabel), CoNLL and
+CoNLL-U files (multiword tokens and empty nodes as UD defines them), the label set and scheme on the task
+line, a tag seen only in validation reported; and each bad input refused in one line naming the file and
+the row or line, with the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from datasets import ClassLabel, Dataset, Features, List, Value
+
+from finetune.config.train_config import TrainConfig
+from finetune.errors import ConfigError
+from finetune.families.token_classification.task import load_tag_splits
+
+
+def tagging_config(tmp_path, train, validation=None, **flags) -> TrainConfig:
+    evaluation = {"validation_file": str(validation)} if validation else {"eval_strategy": "no"}
+    return TrainConfig(task_type="token_classification", train_file=str(train),
+                       output_dir=str(tmp_path / "out"), model_name_or_path=str(tmp_path), **evaluation,
+                       **flags)  # fmt: skip
+
+
+def jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_rows_with_names_give_sorted_labels_the_scheme_and_counts(tmp_path):
+    train = jsonl(tmp_path / "t.jsonl", [{"tokens": ["John", "lives", "in", "New", "York"],
+                                          "tags": ["B-PER", "O", "O", "B-LOC", "I-LOC"]}])  # fmt: skip
+    validation = jsonl(
+        tmp_path / "v.jsonl", [{"tokens": ["Bob", "at", "IBM"], "tags": ["B-PER", "O", "B-ORG"]}]
+    )
+    task, splits = load_tag_splits(tagging_config(tmp_path, train, validation))
+    assert task.label_names == ("O", "B-LOC", "B-PER", "I-LOC")
+    assert task.scheme == "IOB2" and task.metrics[0] == "f1"
+    assert splits["train"][0] == {"words": ["John", "lives", "in", "New", "York"],
+                                  "tags": ["B-PER", "O", "O", "B-LOC", "I-LOC"]}  # fmt: skip
+    summary = task.summary()
+    assert (
+        "tag scheme IOB2 (BIO), 4 tags: O, B-LOC, B-PER, I-LOC; train 1 sentences, 5 words, 2 entities"
+        in summary
+    )
+    # A tag only validation holds: reported on its own line, kept as gold (not mapped to another).
+    assert summary.splitlines()[1] == (
+        "validation: tags the training data lacks, scored as gold but never predicted (no loss): "
+        "B-ORG (1 words)"
+    )
+    assert splits["validation"][0]["tags"] == ["B-PER", "O", "B-ORG"]
+
+
+def test_renamed_columns_and_ids_read_through_label_names(tmp_path):
+    train = jsonl(tmp_path / "t.jsonl", [{"words": ["a", "Paris"], "pos": [0, 2]}])
+    config = tagging_config(
+        tmp_path, train, text_columns="words", label_column="pos", label_names="O,B-PER,B-LOC"
+    )
+    task, splits = load_tag_splits(config)
+    assert task.label_names == ("O", "B-PER", "B-LOC")  # --label_names keeps its order
+    assert splits["train"][0]["tags"] == ["O", "B-LOC"]
+
+
+def test_class_label_ids_read_as_their_names(tmp_path):
+    names = ["O", "B-PER", "I-PER"]
+    features = Features({"tokens": List(Value("string")), "ner_tags": List(ClassLabel(names=names))})
+    Dataset.from_dict(
+        {"tokens": [["Ann", "Lee", "ran"]], "ner_tags": [[1, 2, 0]]}, features=features
+    ).to_parquet(tmp_path / "t.parquet")
+    _, splits = load_tag_splits(tagging_config(tmp_path, tmp_path / "t.parquet"))
+    assert splits["train"][0]["tags"] == ["B-PER", "I-PER", "O"]
+
+
+def test_conll_files_skip_docstart_and_read_the_last_column(tmp_path):
+    train = tmp_path / "t.conll"
+    train.write_text(
+        "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n\n\nPeter NNP B-NP B-PER\n"
+    )
+    task, splits = load_tag_splits(tagging_config(tmp_path, train))
+    assert splits["train"]["words"] == [["EU", "rejects"], ["Peter"]]
+    assert splits["train"]["tags"] == [["B-ORG", "O"], ["B-PER"]]
+    assert task.format == "CoNLL files"
+
+
+CONLLU = """# sent_id = 1
+# text = Vámonos al mar.
+1-2\tVámonos\t_\t_\t_\t_\t_\t_\t_\t_
+1\tVamos\tir\tVERB\t_\t_\t0\troot\t_\t_
+2\tnos\tnosotros\tPRON\t_\t_\t1\tobj\t_\t_
+3-4\tal\t_\t_\t_\t_\t_\t_\t_\t_
+3\ta\ta\tADP\t_\t_\t5\tcase\t_\t_
+4\tel\tel\tDET\t_\t_\t5\tdet\t_\t_
+4.1\tvan\tir\tVERB\t_\t_\t_\t_\t0:root\t_
+5\tmar\tmar\tNOUN\t_\t_\t1\tobl\t_\tSpaceAfter=No
+6\t.\t.\tPUNCT\t_\t_\t1\tpunct\t_\t_
+
+"""
+
+
+@pytest.mark.parametrize("column", ["upos", "deprel"])
+def test_conllu_reads_syntactic_words_without_ranges_or_empty_nodes(tmp_path, column):
+    train = tmp_path / "t.conllu"
+    train.write_text(CONLLU)
+    flags = {} if column == "upos" else {"label_column": column}
+    task, splits = load_tag_splits(tagging_config(tmp_path, train, **flags))
+    assert splits["train"][0]["words"] == ["Vamos", "nos", "a", "el", "mar", "."]
+    expected = {"upos": ["VERB", "PRON", "ADP", "DET", "NOUN", "PUNCT"],
+                "deprel": ["root", "obj", "case", "det", "obl", "punct"]}  # fmt: skip
+    assert splits["train"][0]["tags"] == expected[column]
+    assert task.scheme == "none" and task.metrics == ("accuracy", "macro_f1")
+    assert task.format == f"CoNLL-U ({column})"
+
+
+def bad(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+BAD = {
+    "lengths": ("t.jsonl",
+                '{"tokens": ["a"], "tags": ["O"]}\n{"tokens": ["a", "b", "c"], "tags": ["O", "O"]}\n',
+                {}, "t.jsonl: row 1 has 3 words and 2 tags; give every word one tag"),
+    "empty": ("t.jsonl", '{"tokens": [], "tags": []}\n', {},
+              "t.jsonl: row 0 is an empty sentence (no words); drop the row"),
+    "tag id": ("t.jsonl", '{"tokens": ["a", "b"], "tags": [0, 3]}\n', {"label_names": "O,B-X,I-X"},
+               "t.jsonl: row 0 has tag id 3, outside --label_names' 3 names (ids 0 to 2); give every tag's "
+               "name in --label_names"),
+    "ids without names": ("t.jsonl", '{"tokens": ["a"], "tags": [0]}\n', {},
+                          "t.jsonl: row 0's tags are ids; give their names in id order with --label_names"),
+    "conll columns": ("t.conll", "EU NNP B-NP B-ORG\nrejects B-VP O\n", {},
+                      "t.conll line 2: 3 columns where its first token line has 4; give every token line the "
+                      "same columns (the word first, its tag last)"),
+    "conll no tag": ("t.conll", "EU\nrejects\n", {}, "t.conll line 1: a word without a tag"),
+    "conllu fields": ("t.conllu", "1\tVamos\tir\tVERB\n", {}, "t.conllu line 1: 4 tab-separated fields"),
+    "conllu column absent": ("t.conllu", CONLLU, {"label_column": "xpos"},
+                             "--label_column xpos: data file {path} holds no xpos tags (every one is _)"),
+    "conllu column unknown": ("t.conllu", CONLLU, {"label_column": "ner"},
+                              "--label_column ner: not a CoNLL-U tag column; use upos, xpos or deprel"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_refused_in_one_line_naming_the_row_and_the_fix(tmp_path, case):
+    name, text, flags, message = BAD[case]
+    path = bad(tmp_path, name, text)
+    with pytest.raises(ConfigError) as refused:
+        load_tag_splits(tagging_config(tmp_path, path, **flags))
+    assert message.format(path=path) in str(refused.value)
+    assert "\n" not in str(refused.value) and refused.value.fix
+
+
+def test_a_training_tag_outside_label_names_is_refused(tmp_path):
+    train = jsonl(tmp_path / "t.jsonl", [{"tokens": ["a"], "tags": ["B-X"]}])
+    with pytest.raises(ConfigError, match="tag B-X is not in --label_names; add it"):
+        load_tag_splits(tagging_config(tmp_path, train, label_names="O"))
+
+
+def test_a_dataset_folder_with_class_label_tags_and_balanced_weights(tmp_path):
+    """--dataset_name (a local folder here, a Hub id alike) whose tags are Sequence(ClassLabel): read as
+    names; --class_weights balanced from the training words' tags; --validation_split_percentage carves
+    sentences with --seed."""
+    names = ["O", "B-PER", "I-PER"]
+    features = Features({"tokens": List(Value("string")), "ner_tags": List(ClassLabel(names=names))})
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = {"tokens": [["Ann", "Lee", "ran"], ["it", "rained"]] * 5, "ner_tags": [[1, 2, 0], [0, 0]] * 5}
+    Dataset.from_dict(rows, features=features).to_parquet(folder / "train.parquet")
+    config = TrainConfig(task_type="token_classification", dataset_name=str(folder), class_weights="balanced",
+                         validation_split_percentage=20, output_dir=str(tmp_path / "out"),
+                         model_name_or_path=str(tmp_path))  # fmt: skip
+    task, splits = load_tag_splits(config)
+    assert len(splits["train"]) == 8 and len(splits["validation"]) == 2
+    assert task.label_names == ("O", "B-PER", "I-PER")
+    counts = {"O": 0, "B-PER": 0, "I-PER": 0}
+    for tags in splits["train"]["tags"]:
+        for tag in tags:
+            counts[tag] += 1
+    total = sum(counts.values())
+    assert task.class_weights == pytest.approx([total / (3 * counts[n]) for n in task.label_names])
+    assert task.format == f"rows (tokens, ner_tags) of --dataset_name {folder}"
