@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import os
 import pickle
@@ -11,6 +13,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from accelerate.utils import DistributedType
 from accelerate.utils import load as safe_load  # torch.load(weights_only=True) plus numpy's RNG types
 from safetensors import safe_open
 
@@ -96,9 +99,15 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def save_checkpoint(
-    accelerator, output_dir: str, state: TrainState, world_size: int, save_total_limit: int | None
+    accelerator,
+    output_dir: str,
+    state: TrainState,
+    world_size: int,
+    save_total_limit: int | None,
+    optimizer=None,
 ) -> Path:
-    """Collective: every rank must call it. Only rank 0 publishes and rotates."""
+    """Collective: every rank must call it. Only rank 0 publishes and rotates. `optimizer`: given, a
+    checkpoint for the export (`state.for_export`) is written without its moments (`_without_moments`)."""
     final = Path(output_dir) / f"{PREFIX}{state.global_step}"
     staging = Path(output_dir) / f".{PREFIX}{state.global_step}.partial"
     if accelerator.is_main_process and staging.exists():
@@ -106,7 +115,8 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     try:
         # Every rank writes its own RNG state (and, under FSDP, its shard) into the staging folder.
-        accelerator.save_state(str(staging))
+        with _without_moments(accelerator, optimizer if state.for_export else None):
+            accelerator.save_state(str(staging))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             # Listed after every rank's save_state: each rank wrote its own RNG file. Rank 0 reads
@@ -140,6 +150,24 @@ def save_checkpoint(
                 shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
+
+
+@contextlib.contextmanager
+def _without_moments(accelerator, optimizer):
+    """The optimizer's per-parameter state (AdamW's two moments: twice the trainable weights) left out of
+    the save: a checkpoint for the export resumes into no further step, so they would only cost its
+    writing, its checksum and the disk (~84 GB for a 7B model). Kept under FSDP, whose optimizer state
+    accelerate gathers and shards by its own rules."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    if inner is None or accelerator.distributed_type == DistributedType.FSDP:
+        yield
+        return
+    kept = inner.state
+    inner.state = collections.defaultdict(dict)
+    try:
+        yield
+    finally:
+        inner.state = kept
 
 
 def remove_export_checkpoint(output_dir: str, state: TrainState) -> None:

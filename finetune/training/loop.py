@@ -267,7 +267,7 @@ def _save(run: Run, rotate: bool = True) -> Path:
     run.meter.keep_in(run.accelerator, run.state)  # collective
     config, world_size = run.config, run.accelerator.num_processes
     limit = config.save_total_limit if rotate else None
-    saved = save_checkpoint(run.accelerator, config.output_dir, run.state, world_size, limit)
+    saved = save_checkpoint(run.accelerator, config.output_dir, run.state, world_size, limit, run.optimizer)
     run.saved_step = run.state.global_step
     return saved
 

@@ -89,6 +89,47 @@ def test_sigterm_while_exporting_is_one_line_and_the_relaunch_finishes_the_expor
     assert (out / "results.json").exists() and (out / "model.safetensors").exists()
 
 
+def test_the_checkpoint_written_for_the_export_holds_no_optimizer_moments_and_finishes_the_run(
+    tiny_model_dir, nli_files, tmp_path, capsys, monkeypatch
+):
+    """The last step (3) has no scheduled checkpoint, so one is written for the export alone: without
+    AdamW's moments (they would only cost time and disk: no step follows), yet a stop during the export
+    and the relaunch end with the weights of a run never stopped."""
+    import json
+    import os
+    import signal
+
+    import torch
+
+    import finetune.run
+    from tests.helpers import weights
+
+    whole = tmp_path / "whole"
+    assert cli(tiny_args(tiny_model_dir, nli_files, whole, "--max_train_steps", "3")) == 0
+    reset_accelerate()
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "3", "--checkpointing_steps", "2")
+    export = finetune.run.export_model
+
+    def sigterm_then_export(*a, **k):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return export(*a, **k)
+
+    monkeypatch.setattr(finetune.run, "export_model", sigterm_then_export)
+    assert cli(args) == 143
+    kept, scheduled = out / "checkpoint-3", out / "checkpoint-2"
+    assert json.loads((kept / "trainer_state.json").read_text())["for_export"] is True
+    moments = torch.load(kept / "optimizer.bin", weights_only=True)["state"]
+    assert moments == {} and torch.load(scheduled / "optimizer.bin", weights_only=True)["state"]
+    monkeypatch.undo()
+    reset_accelerate()
+    capsys.readouterr()
+    assert cli([*args, "--resume_from_checkpoint", "auto"]) == 0
+    a, b = weights(whole), weights(out)
+    assert [name for name in a if not torch.equal(a[name], b[name])] == []
+    assert not kept.exists()  # written for the export alone: gone once results.json is
+
+
 def test_a_finished_run_relaunched_with_do_predict_predicts_with_its_model(
     tiny_model_dir, nli_files, tmp_path, capsys
 ):

@@ -29,10 +29,10 @@ from finetune.families.causal_lm.generation import (
 from finetune.families.causal_lm.packing import PackedCollator, forward_inputs, pack_rows, packed_attention
 from finetune.families.family import Evaluator, MicroBatch
 from finetune.hub import hub_error
+from finetune.model.build import plain_speed
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
 from finetune.output.card import CardParts
-from finetune.speed.malloc import keep_freed_memory, resolve_keep_freed_memory
 from finetune.speed.memory import enable_gradient_checkpointing
 from finetune.training.evaluation import EvaluationAbandoned
 
@@ -115,17 +115,7 @@ class CausalLM:
         prepare_generation(model, tokenizer, args)  # what generation and the exported model decode with
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
-        speed = {
-            "attn_implementation": model.config._attn_implementation,
-            "dropout_kernel": "torch",
-            "padding_free": "false",
-            "pad_to_multiple_of": resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda"),
-            "keep_freed_memory": resolve_keep_freed_memory(
-                args.keep_freed_memory, device_type, accelerator.mixed_precision
-            ),
-        }
-        if speed["keep_freed_memory"] == "true":
-            keep_freed_memory()
+        speed = plain_speed(args, model, accelerator)
         if args.use_peft:
             model = wrap_with_lora(model, args, "CAUSAL_LM")
         backbone = {

@@ -19,11 +19,11 @@ from finetune.families.token_classification.tags import SCHEME_WORDS
 from finetune.families.token_classification.task import TagTask, load_tag_splits, model_labels
 from finetune.hub import hub_error
 from finetune.model.backbones import fit_tokenizer_to_model
+from finetune.model.build import plain_speed
 from finetune.model.loading import _reset_head
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
 from finetune.output.card import CardParts
-from finetune.speed.malloc import keep_freed_memory, resolve_keep_freed_memory
 from finetune.speed.memory import enable_gradient_checkpointing
 
 REFUSED = {  # flag: (the value that asks for it, why this family refuses it)
@@ -101,17 +101,7 @@ class TokenClassification:
             model.config.use_cache = False  # a tagger never generates
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
-        speed = {
-            "attn_implementation": model.config._attn_implementation,
-            "dropout_kernel": "torch",
-            "padding_free": "false",
-            "pad_to_multiple_of": resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda"),
-            "keep_freed_memory": resolve_keep_freed_memory(
-                args.keep_freed_memory, device_type, accelerator.mixed_precision
-            ),
-        }
-        if speed["keep_freed_memory"] == "true":
-            keep_freed_memory()
+        speed = plain_speed(args, model, accelerator)
         if args.use_peft:
             model = wrap_with_lora(model, args, "TOKEN_CLS")
         backbone = {
