@@ -179,3 +179,32 @@ def test_a_dataset_folder_with_class_label_tags_and_balanced_weights(tmp_path):
     total = sum(counts.values())
     assert task.class_weights == pytest.approx([total / (3 * counts[n]) for n in task.label_names])
     assert task.format == f"rows (tokens, ner_tags) of --dataset_name {folder}"
+
+
+def test_conll_as_real_files_come_byte_order_mark_tab_blank_lines_and_comments(tmp_path):
+    """A UTF-8 byte-order mark before -DOCSTART-, a sentence break written as a tab (an exported sheet's),
+    and `# ` comment lines (MultiCoNER's ids): three sentences, every word with a tag, nothing invented."""
+    from finetune.families.token_classification.reading import read_conll
+
+    path = tmp_path / "ner.conll"
+    lines = ["\ufeff-DOCSTART-\tO", "", "# id 1 domain=en", "EU\tB-ORG", "rejects\tO", "\t",
+             "Peter\tB-PER", " ", "Blackburn\tI-PER"]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    read = read_conll(str(path), True)
+    assert read["words"] == [["EU", "rejects"], ["Peter"], ["Blackburn"]]
+    assert read["tags"] == [["B-ORG", "O"], ["B-PER"], ["I-PER"]]
+
+
+def test_raw_text_is_split_as_the_tokenizer_splits_it_cjk_included():
+    """Words from the tokenizer's own normalizer and pre-tokenizer (BERT's splits each CJK character),
+    with their character spans in the text."""
+    from transformers import AutoTokenizer
+
+    from finetune.families.token_classification.encoding import split_text
+    from tests.helpers import minilm_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    assert split_text(tokenizer, "李明住在北京") == (list("李明住在北京"), [(i, i + 1) for i in range(6)])
+    words, spans = split_text(tokenizer, "Mr.Smith  lives (Brazil)")
+    assert words == ["Mr", ".", "Smith", "lives", "(", "Brazil", ")"]
+    assert [("Mr.Smith  lives (Brazil)")[a:b] for a, b in spans] == words

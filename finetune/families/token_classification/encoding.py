@@ -74,16 +74,22 @@ def spaces_words(tokenizer) -> bool:
 
 
 def split_text(tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]]]:
-    """Raw text as words with their character spans, as the tokenizer's pre-tokenizer splits it (BERT's:
-    spaces and punctuation); whitespace it keeps with a word (byte-level BPE's, SentencePiece's) is
-    left out of the word and its span. A tokenizer without one: split at whitespace."""
-    pre = getattr(getattr(tokenizer, "backend_tokenizer", None), "pre_tokenizer", None)
-    if pre is None:
-        pieces = [(m.group(), m.span()) for m in re.finditer(r"\S+", text)]
+    """Raw text as words with their character spans, as the tokenizer itself splits it: its normalizer
+    then its pre-tokenizer (BERT's: spaces, punctuation and each CJK character), read from the sub-tokens'
+    offsets grouped by word; whitespace a word's pieces carry (byte-level BPE's, SentencePiece's) is left
+    out of the word and its span. A tokenizer without offsets (no fast backend): split at whitespace."""
+    if not getattr(tokenizer, "is_fast", False):
+        pieces = [m.span() for m in re.finditer(r"\S+", text)]
     else:
-        pieces = pre.pre_tokenize_str(text)
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        bounds: dict[int, list[int]] = {}
+        for word, (start, end) in zip(encoded.word_ids(), encoded["offset_mapping"], strict=True):
+            if word is not None and end > start:
+                span = bounds.setdefault(word, [start, end])
+                span[0], span[1] = min(span[0], start), max(span[1], end)
+        pieces = [tuple(bounds[word]) for word in sorted(bounds)]
     words, spans = [], []
-    for _, (start, end) in pieces:
+    for start, end in pieces:
         piece = text[start:end]
         word = piece.strip()
         if word:

@@ -26,6 +26,13 @@ def read_split(config, name: str, source: str, dataset: Dataset | None = None) -
     labelled = name != "test"
     suffix = Path(source).suffix.lower() if dataset is None else ""
     if suffix in CONLL:
+        if config.label_column != "label":
+            raise ConfigError(
+                f"--label_column {config.label_column}: a CoNLL file ({source}) has no column names, its tag "
+                "is the last column; drop --label_column (it picks a CoNLL-U column or a JSONL key)",
+                flag="--label_column",
+                fix="drop --label_column",
+            )
         return read_conll(source, labelled), "CoNLL files"
     if suffix == CONLLU:
         column = "upos" if config.label_column == "label" else config.label_column
@@ -40,11 +47,14 @@ def read_split(config, name: str, source: str, dataset: Dataset | None = None) -
 def read_conll(path: str, labelled: bool) -> Dataset:
     """A word and its tag per line (the first column the word, the last its tag, any between ignored:
     CoNLL-2003's POS and chunk columns), columns split by tabs (where a line has one) or spaces; blank
-    lines between sentences; `-DOCSTART-` lines skipped. Every token line has as many columns as the first.
-    Test files may hold words alone."""
+    lines (whitespace alone) between sentences; `-DOCSTART-` lines and `# ` comment lines (MultiCoNER's,
+    WNUT's ids) skipped. Every token line has as many columns as the first, and no empty word or tag. Test
+    files may hold words alone."""
     words, tags, sentence, columns = [], [], [], None
     for number, line in _lines(path):
-        fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
+        if line.startswith("# "):
+            continue
+        fields = [f.strip() for f in line.split("\t")] if line.strip() and "\t" in line else line.split()
         if not fields or fields[0] == "-DOCSTART-":
             if sentence:
                 words.append([w for w, _ in sentence])
@@ -63,6 +73,12 @@ def read_conll(path: str, labelled: bool) -> Dataset:
                 f"data file {path} line {number}: a word without a tag; give each word its tag as the last "
                 "column (space- or tab-separated)",
                 fix="give each word its tag as the last column",
+            )
+        if not all(fields):
+            raise ConfigError(
+                f"data file {path} line {number}: an empty column (two tabs in a row?); give each token line "
+                "its word and tag",
+                fix="give each token line its word and tag",
             )
         sentence.append((fields[0], fields[-1]))
     if sentence:
@@ -124,7 +140,7 @@ def _lines(path: str):
     if not file.is_file():
         raise ConfigError(f"data file {path} does not exist; check the path")
     try:
-        with file.open(encoding="utf-8") as lines:
+        with file.open(encoding="utf-8-sig") as lines:  # a byte-order mark is no part of the first word
             for number, line in enumerate(lines, 1):
                 yield number, line.rstrip("\r\n")
     except UnicodeDecodeError:
