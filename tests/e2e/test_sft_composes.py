@@ -14,7 +14,7 @@ from finetune.mnli import main
 from finetune.studies.sweep import sweep_main
 from tests.e2e.test_sft import chat, sft_args  # noqa: F401  (chat: the module's fixture)
 from tests.helpers import read_jsonl, reset_accelerate, weights
-from tests.warm_ranks import run_ranks
+from tests.warm_ranks import run_ranks, run_warm
 
 STEPS = ("--max_train_steps", "6", "--per_device_train_batch_size", "2", "--learning_rate", "3e-3",
          "--checkpointing_steps", "2", "--logging_steps", "1", "--eval_strategy", "steps",
@@ -39,6 +39,23 @@ def test_a_killed_packed_two_process_run_resumes_bitwise(chat, tmp_path):  # noq
     results = json.loads((killed / "results.json").read_text())
     assert results["world_size"] == 2 and results["global_step"] == 6
     a, b = weights(unbroken), weights(killed)
+    assert [name for name in a if not torch.equal(a[name], b[name])] == []
+
+
+def test_sigterm_stops_after_its_step_with_a_checkpoint_and_the_relaunch_ends_bitwise_equal(chat, tmp_path):  # noqa: F811
+    """SIGTERM during step 3 (a real signal, in its own process): the step finishes, checkpoint-3, exit
+    143 with one line; the relaunch with --resume_from_checkpoint auto ends bit for bit as a run never
+    stopped."""
+    unbroken, out = tmp_path / "unbroken", tmp_path / "out"
+    main(sft_args(chat, unbroken, *STEPS))
+    reset_accelerate()
+    told = {"AT_STEP": "3", "SIGNAL": "TERM", "RANKS": "0"}
+    stopped = run_warm(sft_args(chat, out, *STEPS), script="tests/probes/signal_at_step.py", env=told)
+    said = [line for line in (stopped.stdout + stopped.stderr).splitlines() if line.startswith("stopped by")]
+    assert stopped.returncode == 143 and len(said) == 1, stopped.stderr[-3000:]
+    assert said[0].startswith(f"stopped by SIGTERM after step 3; checkpoint saved to {out / 'checkpoint-3'}")
+    main(sft_args(chat, out, *STEPS, "--resume_from_checkpoint", "auto"))
+    a, b = weights(unbroken), weights(out)
     assert [name for name in a if not torch.equal(a[name], b[name])] == []
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 
 import pytest
 import torch
@@ -20,7 +19,7 @@ from finetune.families.token_classification.tags import label_order
 from finetune.mnli import main
 from tests.helpers import read_jsonl, reset_accelerate, weights
 from tests.tagging_data import sentence, sentences, tiny_tagger, write_conll, write_conllu, write_jsonl
-from tests.warm_ranks import run_ranks
+from tests.warm_ranks import run_ranks, run_warm
 
 
 @pytest.fixture(scope="module")
@@ -247,9 +246,10 @@ def test_pos_tags_from_conllu_are_scored_by_word_accuracy_and_macro_f1(ner, tmp_
     assert all(line["entities"] == [] and len(line["tags"]) == len(line["words"]) for line in lines)
 
 
-def test_a_run_resumed_from_its_checkpoint_ends_bitwise_equal(ner, tmp_path, capsys):
+def test_sigterm_stops_after_its_step_with_a_checkpoint_and_the_relaunch_ends_bitwise_equal(ner, tmp_path):
     """8 updates of 8 sentences (6 an epoch: the 7th starts the second epoch's reshuffle), a checkpoint
-    every 4; the run that died after step 4 resumes from checkpoint-4 and ends with the unbroken run's
+    every 4; SIGTERM during step 5 (a real signal, in its own process) finishes that step, checkpoints it,
+    exits 143 with one line; the relaunch with --resume_from_checkpoint auto ends with the unbroken run's
     weights, bit for bit."""
     steps = ("--max_train_steps", "8", "--checkpointing_steps", "4", "--per_device_train_batch_size", "8",
              "--learning_rate", "3e-3", "--eval_strategy", "no", "--label_all_tokens")  # fmt: skip
@@ -257,11 +257,12 @@ def test_a_run_resumed_from_its_checkpoint_ends_bitwise_equal(ner, tmp_path, cap
     main(tag_args(ner, unbroken, *steps))
     reset_accelerate()
     out = tmp_path / "out"
-    out.mkdir()
-    shutil.copytree(unbroken / "checkpoint-4", out / "checkpoint-4")
-    capsys.readouterr()
+    told = {"AT_STEP": "5", "SIGNAL": "TERM", "RANKS": "0"}
+    stopped = run_warm(tag_args(ner, out, *steps), script="tests/probes/signal_at_step.py", env=told)
+    said = [line for line in (stopped.stdout + stopped.stderr).splitlines() if line.startswith("stopped by")]
+    assert stopped.returncode == 143 and len(said) == 1, stopped.stderr[-3000:]
+    assert said[0].startswith(f"stopped by SIGTERM after step 5; checkpoint saved to {out / 'checkpoint-5'}")
     results = main(tag_args(ner, out, *steps, "--resume_from_checkpoint", "auto"))
-    assert f"resuming from {out / 'checkpoint-4'} at step 4" in capsys.readouterr().out
     assert results["global_step"] == 8
     a, b = weights(unbroken), weights(out)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

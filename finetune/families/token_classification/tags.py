@@ -12,7 +12,9 @@ PREFIXED = re.compile(r"^([BIES])-(.+)$")
 SCHEME_WORDS = {
     "IOB2": "IOB2 (BIO)",
     "IOB1": "IOB1",
-    "BIOES": "BIOES",
+    # seqeval's default mode, as run_ner reports it: an entity is a type and a span read IOB2's way, so an
+    # entity whose E- came out as I- still matches (seqeval's strict IOBES mode would not count it).
+    "BIOES": "BIOES (entities scored as seqeval's default mode: a missing E- still matches)",
     "none": "none (tags without B-/I- prefixes, scored per word)",
 }
 CONFUSION_LIMIT = 50
