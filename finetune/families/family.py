@@ -13,6 +13,8 @@ from typing import Protocol
 
 import torch
 
+from finetune.errors import ConfigError
+
 MicroBatch = tuple[torch.Tensor, "torch.Tensor | None", int]
 """(the micro-batch's summed loss, its units, its rows). Units: the float64 count (or weight) the loss
 is a sum over, on the device: target tokens, or the rows' loss weights; None when each row weighs 1.
@@ -63,3 +65,23 @@ class TaskFamily(Protocol):
 
     def card_parts(self, config, task):
         """The model card's pipeline, description and use (`output.card.CardParts`; None: a classifier's)."""
+
+
+def refuse_other_families_flags(config, task_type: str, refused: dict) -> None:
+    """The flags a family other than classification cannot honour, each refused in one line naming it:
+    --task_name (classification's: this family's task is what its data holds), every flag of `refused`
+    ({flag: (the value that asks for nothing, why it is refused)}), --padding_free varlen and --cuda_graphs
+    true (classification's speed paths)."""
+    if config.task_name != "mnli":  # the default; any other was asked for
+        raise ConfigError(
+            f"--task_name {config.task_name} names a classification task; --task_type {task_type} reads its "
+            "task from the data: drop --task_name",
+            flag="--task_name",
+            fix="drop --task_name",
+        )
+    for flag, (default, why) in refused.items():
+        if getattr(config, flag) != default:
+            raise ConfigError(f"--{flag} {why}; drop it for --task_type {task_type}", flag=f"--{flag}")
+    if config.padding_free == "varlen" or config.cuda_graphs == "true":
+        flag = "--padding_free" if config.padding_free == "varlen" else "--cuda_graphs"
+        raise ConfigError(f"{flag} is not built for {task_type} yet; drop it", flag=flag)

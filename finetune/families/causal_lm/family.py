@@ -27,7 +27,7 @@ from finetune.families.causal_lm.generation import (
     with_exact_match,
 )
 from finetune.families.causal_lm.packing import PackedCollator, forward_inputs, pack_rows, packed_attention
-from finetune.families.family import Evaluator, MicroBatch
+from finetune.families.family import Evaluator, MicroBatch, refuse_other_families_flags
 from finetune.hub import hub_error
 from finetune.model.build import plain_speed
 from finetune.model.lora import wrap_with_lora
@@ -62,19 +62,7 @@ class CausalLM:
         `build_model`; None: rows one per sequence."""
 
     def load(self, config) -> tuple[LmTask, dict]:
-        if config.task_name != "mnli":  # the default; any other was asked for
-            raise ConfigError(
-                f"--task_name {config.task_name} names a classification task; --task_type causal_lm reads "
-                "its task from the data: drop --task_name",
-                flag="--task_name",
-                fix="drop --task_name",
-            )
-        for flag, (default, why) in REFUSED.items():
-            if getattr(config, flag) != default:
-                raise ConfigError(f"--{flag} {why}; drop it for --task_type causal_lm", flag=f"--{flag}")
-        if config.padding_free == "varlen" or config.cuda_graphs == "true":
-            flag = "--padding_free" if config.padding_free == "varlen" else "--cuda_graphs"
-            raise ConfigError(f"{flag} is not built for causal_lm yet; drop it", flag=flag)
+        refuse_other_families_flags(config, self.name, REFUSED)
         if config.chat_template and not Path(config.chat_template).is_file():
             raise ConfigError(f"--chat_template {config.chat_template}: no such file; give a .jinja file")
         task, splits = load_lm_splits(config)

@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokeni
 from finetune.config.train_config import greater_is_better_default
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
-from finetune.families.family import Evaluator, MicroBatch
+from finetune.families.family import Evaluator, MicroBatch, refuse_other_families_flags
 from finetune.families.token_classification.batches import POSITIONS, TagCollator, token_loss
 from finetune.families.token_classification.encoding import encode_splits
 from finetune.families.token_classification.evaluation import evaluate_tags, predict_tags
@@ -48,21 +48,7 @@ class TokenClassification:
     captures_cuda_graphs = False
 
     def load(self, config) -> tuple[TagTask, dict]:
-        if config.task_name != "mnli":  # the default; any other was asked for
-            raise ConfigError(
-                f"--task_name {config.task_name} names a classification task; --task_type "
-                "token_classification reads its tags from the data: drop --task_name",
-                flag="--task_name",
-                fix="drop --task_name",
-            )
-        for flag, (default, why) in REFUSED.items():
-            if getattr(config, flag) != default:
-                raise ConfigError(
-                    f"--{flag} {why}; drop it for --task_type token_classification", flag=f"--{flag}"
-                )
-        if config.padding_free == "varlen" or config.cuda_graphs == "true":
-            flag = "--padding_free" if config.padding_free == "varlen" else "--cuda_graphs"
-            raise ConfigError(f"{flag} is not built for token_classification yet; drop it", flag=flag)
+        refuse_other_families_flags(config, self.name, REFUSED)
         if config.text_column_names and len(config.text_column_names) != 1:
             raise ConfigError(
                 f"--text_columns {config.text_columns}: token_classification reads one column of words; "
