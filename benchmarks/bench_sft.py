@@ -25,6 +25,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -146,11 +147,27 @@ def worker(args) -> None:
     files = {"train": str(args.data / "train.jsonl"), "validation": str(args.data / "validation.jsonl")}
     out = Path(tempfile.mkdtemp(prefix=f"bench-sft-{args.worker}-"))
     if args.worker == "trl":
-        figures = run_trl(args, files, out)
+        figures = {**run_trl(args, files, out), "model_dir": str(out / "model")}
     else:
         figures = run_toolkit(args, files, out, packing=args.worker == "toolkit_packed")
+        figures["model_dir"] = str(out)
+    figures["run_dir"] = str(out)
     figures["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print("BENCH " + json.dumps(figures), flush=True)
+
+
+def run_once(run: str, model: Path, data: Path, argv: list[str]) -> dict:
+    """One run (toolkit, trl or toolkit_packed) in a process of its own, with `argv` (bench_sft's flags):
+    its figures, its whole-process seconds, its folder (run_dir) and the model it saved (model_dir)."""
+    command = [sys.executable, "-m", "benchmarks.bench_sft", "--worker", run, "--model", str(model),
+               "--data", str(data), *argv]  # fmt: skip
+    tic = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    wall = time.perf_counter() - tic
+    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
+    if done.returncode != 0 or line is None:
+        sys.exit(f"{run} failed:\n{done.stderr[-3000:]}")
+    return {**json.loads(line[6:]), "process_seconds": wall}
 
 
 def main() -> None:
@@ -180,27 +197,10 @@ def main() -> None:
     measured = {run: [] for run in runs}
     for round_number in range(args.repeats):
         for run in runs if round_number % 2 == 0 else list(reversed(runs)):
-            command = [
-                sys.executable,
-                "-m",
-                "benchmarks.bench_sft",
-                "--worker",
-                run,
-                "--model",
-                str(model),
-                "--data",
-                str(data),
-                *sys.argv[1:],
-            ]
-            tic = time.perf_counter()
-            done = subprocess.run(
-                command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}
-            )
-            wall = time.perf_counter() - tic
-            line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
-            if done.returncode != 0 or line is None:
-                sys.exit(f"{run} failed:\n{done.stderr[-3000:]}")
-            measured[run].append({**json.loads(line[6:]), "process_seconds": wall})
+            figures = run_once(run, model, data, sys.argv[1:])
+            shutil.rmtree(figures.pop("run_dir"), ignore_errors=True)  # ~0.5-1.5 GB of weights each
+            figures.pop("model_dir")
+            measured[run].append(figures)
             print(f"round {round_number + 1} {run}: {measured[run][-1]}", flush=True)
     summary = {
         run: {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}

@@ -91,3 +91,19 @@ def half_precision_bert(tmp_path_factory):
         AutoModelForSequenceClassification.from_pretrained(folder).to(dtype).save_pretrained(folder)
         folders[dtype] = folder
     return folders
+
+
+# With pytest-xdist (`-n 2 --dist loadgroup`): the tests sharing a costly session fixture or a machine-wide
+# resource run on one worker, and the costliest group is sent first.
+_GROUPS = {"minilm_full": "minilm", "slurm_cluster": "cluster", "two_hosts": "cluster"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        group = next((_GROUPS[f] for f in getattr(item, "fixturenames", ()) if f in _GROUPS), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: 0 if "minilm_full" in getattr(item, "fixturenames", ()) else 1)

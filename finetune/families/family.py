@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from finetune.config.train_config import greater_is_better_default
 from finetune.errors import ConfigError
 
 MicroBatch = tuple[torch.Tensor, "torch.Tensor | None", int]
@@ -85,3 +86,24 @@ def refuse_other_families_flags(config, task_type: str, refused: dict) -> None:
     if config.padding_free == "varlen" or config.cuda_graphs == "true":
         flag = "--padding_free" if config.padding_free == "varlen" else "--cuda_graphs"
         raise ConfigError(f"{flag} is not built for {task_type} yet; drop it", flag=flag)
+
+
+def metric_choice(config, splits: dict, measured: list[str], default: str) -> dict:
+    """--metric_for_best_model (`default` when unset) and --greater_is_better, checked against what
+    evaluation `measured`, for the families without classification's own rule (config/resolved.py)."""
+    if config.evaluates_training and "validation" not in splits:
+        raise ConfigError(
+            f"--eval_strategy {config.eval_strategy} evaluates on validation rows and this run has none; "
+            "give --validation_file or --validation_split_percentage, or --eval_strategy no",
+            flag="--eval_strategy",
+        )
+    metric = config.metric_for_best_model or default
+    if config.evaluates_training and metric not in measured:
+        raise ConfigError(
+            f"--metric_for_best_model {metric}: this run measures {', '.join(dict.fromkeys(measured))}"
+        )
+    greater = config.greater_is_better
+    return {
+        "metric_for_best_model": metric,
+        "greater_is_better": greater_is_better_default(metric) if greater is None else greater,
+    }

@@ -136,3 +136,21 @@ def test_generating_at_evaluations_leaves_training_as_it_was(chat, tmp_path):  #
         [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r] for out in (plain, generating)
     ]
     assert len(losses[0]) == 4 and losses[0] == losses[1]
+
+
+def test_a_folder_held_by_a_live_run_is_refused_in_one_line(chat, tmp_path, capsys):  # noqa: F811
+    """The output-folder lock holds for a causal LM run as for a classifier: another live run's folder is
+    refused in one line (exit 2), its lock and files untouched."""
+    import subprocess
+
+    from tests.e2e.test_bad_input import fails_cleanly
+    from tests.e2e.test_checkpoints import HOST, write_lock
+
+    out = tmp_path / "out"
+    with subprocess.Popen(["sleep", "30"]) as other:
+        try:
+            write_lock(out, other.pid)
+            last = fails_cleanly(sft_args(chat, out), out, "is in use by another run", capsys, exit_code=2)
+        finally:
+            other.kill()
+    assert last.startswith(f"error: --output_dir {out} is in use by another run (pid {other.pid} on {HOST}, ")

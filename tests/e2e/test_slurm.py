@@ -14,6 +14,7 @@ import torch
 from optuna.storages.journal import JournalFileBackend
 
 from finetune.mnli import main
+from tests.e2e.test_sft import ONE_UPDATE, chat, first_update, reference_loss_and_norm, sft_args  # noqa: F401
 from tests.helpers import (
     N_VALIDATION,
     REPO,
@@ -159,3 +160,25 @@ def test_sweep_array_workers_complete_a_study_each_trial_once(
     for n in range(4):  # each trial run by one worker, once
         assert logs.count(f"trial {n} COMPLETE: ") == 1, logs[-4000:]
         assert (out / f"trial-{n}" / "results.json").is_file()
+
+
+def test_a_causal_lm_job_on_two_nodes_trains_on_the_mean_over_every_target_token(
+    slurm_cluster,
+    chat,  # noqa: F811  (test_sft's fixture)
+    tmp_path,
+):
+    """Generative fine-tuning through the same sbatch script: 2 nodes x 4 rows x 3 micro-batches make one
+    update of the 24 conversations, whose logged loss and gradient norm are plain PyTorch's mean over every
+    target token (tests/e2e/test_sft.py), and the job is one world of two."""
+    out = tmp_path / "out dir"
+    split = ("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "3")
+    job_id = submit(slurm_cluster, tmp_path, sft_args(chat, out, *ONE_UPDATE, *split))
+    job = wait_until(slurm_cluster, job_id, finished, "end")
+    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), log_of(job)[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["train_samples"] == 24
+    loss, norm = reference_loss_and_norm(chat)
+    update = first_update(out)
+    assert update["loss"] == pytest.approx(loss, rel=1e-5) and update["grad_norm"] == pytest.approx(
+        norm, rel=1e-4
+    )

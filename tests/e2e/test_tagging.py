@@ -306,3 +306,51 @@ def test_a_sweep_maximizes_the_tagging_f1(ner, tmp_path):
     report = json.loads((out / "sweep.json").read_text())
     assert report["direction"] == "maximize" and len(report["trials"]) == 2
     assert report["best_trial"]["value"] == max(t["value"] for t in report["trials"])
+
+
+def test_a_folder_held_by_a_live_run_is_refused_in_one_line(ner, tmp_path, capsys):
+    """The output-folder lock holds for a tagging run as for a classifier: another live run's folder is
+    refused in one line (exit 2), its lock and files untouched."""
+    import subprocess
+
+    from tests.e2e.test_bad_input import fails_cleanly
+    from tests.e2e.test_checkpoints import HOST, write_lock
+
+    out = tmp_path / "out"
+    with subprocess.Popen(["sleep", "30"]) as other:
+        try:
+            write_lock(out, other.pid)
+            last = fails_cleanly(tag_args(ner, out), out, "is in use by another run", capsys, exit_code=2)
+        finally:
+            other.kill()
+    assert last.startswith(f"error: --output_dir {out} is in use by another run (pid {other.pid} on {HOST}, ")
+
+
+def test_a_model_trained_on_iob1_predicts_as_iob1_without_labelled_rows(ner, tmp_path, capsys):
+    """IOB1 and IOB2 tag sets share their names (B- splits two adjacent entities in IOB1), so a run that
+    only predicts cannot tell them apart from the labels: the export carries the scheme it was trained on
+    (config.json's tag_scheme) and the predicting run names it."""
+
+    def iob1(tags: list[str]) -> list[str]:
+        out, previous = [], "O"
+        for tag in tags:  # B-X only right after an X entity; every other entity starts with I-
+            out.append(tag if tag[:2] != "B-" or previous[2:] == tag[2:] else "I-" + tag[2:])
+            previous = tag
+        return out
+
+    rows = [{**s, "ner_tags": iob1(s["ner_tags"])} for s in sentences(24, seed=8)]
+    rows.append(
+        {"tokens": ["Paris", "London", "and", "Rome", "."], "ner_tags": ["I-LOC", "B-LOC", "O", "I-LOC", "O"]}
+    )
+    train = write_jsonl(tmp_path / "iob1.jsonl", rows)
+    trained = tmp_path / "trained"
+    main(tag_args(ner, trained, "--train_file", str(train), "--validation_file", str(train),
+                  "--max_train_steps", "1", "--eval_strategy", "no"))  # fmt: skip
+    reset_accelerate()
+    assert "tag scheme IOB1," in capsys.readouterr().out
+    assert json.loads((trained / "config.json").read_text())["tag_scheme"] == "IOB1"
+    test = write_jsonl(tmp_path / "test.jsonl", [{"tokens": s["tokens"]} for s in rows[:3]])
+    main(["--task_type", "token_classification", "--model_name_or_path", str(trained), "--do_train", "false",
+          "--do_predict", "--test_file", str(test), "--output_dir", str(tmp_path / "predicted"),
+          "--report_to", "none"])  # fmt: skip
+    assert "tag scheme IOB1, " in capsys.readouterr().out

@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from finetune.config.train_config import greater_is_better_default
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import POSITIONS, CausalLmCollator, row_losses, target_loss
@@ -27,7 +26,7 @@ from finetune.families.causal_lm.generation import (
     with_exact_match,
 )
 from finetune.families.causal_lm.packing import PackedCollator, forward_inputs, pack_rows, packed_attention
-from finetune.families.family import Evaluator, MicroBatch, refuse_other_families_flags
+from finetune.families.family import Evaluator, MicroBatch, metric_choice, refuse_other_families_flags
 from finetune.hub import hub_error
 from finetune.model.build import plain_speed
 from finetune.model.lora import wrap_with_lora
@@ -71,21 +70,7 @@ class CausalLM:
 
     def choose_metric(self, config, task: LmTask, splits: dict) -> dict:
         generated = ["eval_exact_match"] if config.predict_with_generate else []
-        if config.evaluates_training and "validation" not in splits:
-            raise ConfigError(
-                f"--eval_strategy {config.eval_strategy} evaluates on validation rows and this run has none; "
-                "give --validation_file or --validation_split_percentage, or --eval_strategy no",
-                flag="--eval_strategy",
-            )
-        measured = ["eval_loss", *task.metric_keys(), *generated]
-        metric = config.metric_for_best_model or "eval_loss"
-        if config.evaluates_training and metric not in measured:
-            raise ConfigError(f"--metric_for_best_model {metric}: this run measures {', '.join(measured)}")
-        greater = config.greater_is_better
-        return {
-            "metric_for_best_model": metric,
-            "greater_is_better": greater_is_better_default(metric) if greater is None else greater,
-        }
+        return metric_choice(config, splits, ["eval_loss", *task.metric_keys(), *generated], "eval_loss")
 
     def check(self, config, task: LmTask, splits: dict) -> None:
         """Everything is refused in `load`, before the data is read."""

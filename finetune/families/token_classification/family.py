@@ -8,10 +8,9 @@ import functools
 
 from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokenizer
 
-from finetune.config.train_config import greater_is_better_default
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
-from finetune.families.family import Evaluator, MicroBatch, refuse_other_families_flags
+from finetune.families.family import Evaluator, MicroBatch, metric_choice, refuse_other_families_flags
 from finetune.families.token_classification.batches import POSITIONS, TagCollator, token_loss
 from finetune.families.token_classification.encoding import encode_splits
 from finetune.families.token_classification.evaluation import evaluate_tags, predict_tags
@@ -58,22 +57,8 @@ class TokenClassification:
         return load_tag_splits(config)
 
     def choose_metric(self, config, task: TagTask, splits: dict) -> dict:
-        if config.evaluates_training and "validation" not in splits:
-            raise ConfigError(
-                f"--eval_strategy {config.eval_strategy} evaluates on validation rows and this run has none; "
-                "give --validation_file or --validation_split_percentage, or --eval_strategy no",
-                flag="--eval_strategy",
-            )
         measured = [*task.metric_keys(per_class=False), "eval_loss", *task.metric_keys()]
-        metric = config.metric_for_best_model or measured[0]
-        if config.evaluates_training and metric not in measured:
-            shown = ", ".join(dict.fromkeys(measured))
-            raise ConfigError(f"--metric_for_best_model {metric}: this run measures {shown}")
-        greater = config.greater_is_better
-        return {
-            "metric_for_best_model": metric,
-            "greater_is_better": greater_is_better_default(metric) if greater is None else greater,
-        }
+        return metric_choice(config, splits, measured, measured[0])
 
     def check(self, config, task: TagTask, splits: dict) -> None:
         """Everything is refused in `load`, before the data is read."""
@@ -165,6 +150,9 @@ def _load(args, task: TagTask, loading: dict):
         raise loading_error(name, error, loading) from None
     except OSError as error:
         raise hub_error(name, error) from None
+    # config.json keeps the scheme: IOB1 and IOB2 share their tag names, so a run that only predicts
+    # with this model could not tell them apart from its labels.
+    model.config.tag_scheme = task.scheme
     if not kept:
         _reset_head(model)  # a sequence classifier's head of the same shape is no tagger's
     if not tokenizer.is_fast:

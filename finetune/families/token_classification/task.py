@@ -110,7 +110,7 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
     }
     label_names = _label_names(config, labelled)
     sequences = labelled.get("train") or labelled.get("validation")
-    scheme = detect_scheme(sequences) if sequences else scheme_of_names(label_names)
+    scheme = detect_scheme(sequences) if sequences else _scheme_of_model(config, label_names)
     read = {fmt for name, fmt in formats.items() if name != "test"} or set(formats.values())
     fmt = " + ".join(sorted(read))
     task = TagTask(
@@ -164,6 +164,20 @@ def _label_names(config, labelled: dict) -> tuple[str, ...]:
             "so the run has no tags; give --label_names, or evaluate a tagging run's output_dir"
         )
     return own
+
+
+def _scheme_of_model(config, label_names: tuple[str, ...]) -> str:
+    """With nothing labelled read: the scheme the model was trained on (its config's tag_scheme, which
+    this toolkit's exports carry) when its labels are these; else what the names alone say."""
+    try:
+        model_config = AutoConfig.from_pretrained(config.model_name_or_path, **config.hub_options)
+    except (OSError, ValueError):
+        model_config = None
+    scheme = getattr(model_config, "tag_scheme", None)
+    named = scheme_of_names(label_names)
+    fits = scheme == named or (scheme, named) == ("IOB1", "IOB2")  # IOB1 sets may hold B- tags too
+    same_labels = model_labels(config.model_name_or_path, config.hub_options) == label_names
+    return scheme if fits and same_labels else named
 
 
 def model_labels(model_name_or_path: str, hub: dict) -> tuple[str, ...] | None:
