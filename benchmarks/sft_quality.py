@@ -55,11 +55,13 @@ def judge(model_dir: Path, tokenizer_dir: Path, rows: list[dict], batch_size: in
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # one tokenizer for both tools' models
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    prompts = [tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True) for r in rows]
+    prompts = [
+        tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True)["input_ids"] for r in rows
+    ]
     summed, count = 0.0, 0
     with torch.no_grad():
         for row, prompt in zip(rows, prompts, strict=True):
-            full = tokenizer.apply_chat_template(row["prompt"] + row["completion"])
+            full = tokenizer.apply_chat_template(row["prompt"] + row["completion"])["input_ids"]
             assert full[: len(prompt)] == prompt, "the template broke the prompt's prefix"
             answer = full[len(prompt) :]
             answer = answer[: answer.index(end_of_turn) + 1]  # through the end-of-turn token

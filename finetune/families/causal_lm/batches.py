@@ -3,6 +3,8 @@ and its loss summed over exactly the target tokens counted from the same tensor.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -62,21 +64,80 @@ def target_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the cross-entropy summed over the target tokens, in fp32, their count as float64), both read
     from the same selection of `labels` (`positions`, the collator's), so the count cannot drift from
-    the sum. Only the targets' logits are cast to fp32: a whole [rows, tokens, vocabulary] copy would
-    not be. Nothing here waits for the device."""
+    the sum. `logits`: every token's, or only the targets' (`head_at`). Only the targets' logits are cast
+    to fp32: a whole [rows, tokens, vocabulary] copy would not be. Nothing here waits for the device."""
     targets = labels.reshape(-1).index_select(0, positions)
-    picked = logits.reshape(-1, logits.shape[-1]).index_select(0, positions).float()
-    summed = F.cross_entropy(picked, targets, reduction="sum")
+    summed = F.cross_entropy(_at(logits, positions).float(), targets, reduction="sum")
     return summed, (targets != IGNORE).sum(dtype=torch.float64)
 
 
-def row_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def row_losses(
+    logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: (the summed cross-entropy of its targets, float64; their count): evaluation gathers rows,
-    so each is counted once however the rows were sharded, batched and padded."""
-    targets = labels != IGNORE
-    rows = targets.nonzero()[:, 0]
-    losses = F.cross_entropy(logits[targets].float(), labels[targets], reduction="none").double()
+    so each is counted once however the rows were sharded, batched and padded. `logits` as `target_loss`
+    reads them."""
+    targets = labels.reshape(-1).index_select(0, positions)
+    losses = F.cross_entropy(_at(logits, positions).float(), targets, reduction="none").double()
+    rows = torch.div(positions, labels.shape[1], rounding_mode="floor")
     summed = torch.zeros(labels.shape[0], dtype=torch.float64, device=labels.device).index_add_(
         0, rows, losses
     )
-    return summed, targets.sum(dim=1)
+    return summed, (labels != IGNORE).sum(dim=1)
+
+
+def _at(logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The targets' logits, [targets, vocabulary]. Every token's logits hold more rows than there are
+    targets (a row's last token predicts nothing), so as many rows as targets are `head_at`'s, already
+    only the targets'."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    return flat if flat.shape[0] == positions.numel() else flat.index_select(0, positions)
+
+
+@contextlib.contextmanager
+def head_at(model, positions: torch.Tensor | None):
+    """While a forward runs: the model's output layer applied only to the hidden states at `positions`
+    (flat, in rows x tokens: the targets), so its logits come back as [1, targets, vocabulary]. The
+    other tokens' share of the output layer's product is skipped (in a 135M model the output layer is a
+    fifth of the forward's FLOPs), and so is the [rows, tokens, vocabulary] tensor, a batch's largest.
+    `model` None: nothing changes. Only for models `heads_at_targets` accepted."""
+    if model is None:
+        yield
+        return
+
+    def at_targets(_module, args):
+        hidden = args[0]
+        return (hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions).unsqueeze(0), *args[1:])
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(at_targets)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def heads_at_targets(model) -> bool:
+    """Whether `head_at` gives this model's logits at the targets as its full forward does, tried on three
+    tokens picked out of order: an output layer that is not the logits' last step, or is called on
+    anything but the hidden states, fails it, and the model keeps its full logits."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if not isinstance(head, torch.nn.Module) or not isinstance(weight, torch.Tensor):
+        return False
+    ids = torch.tensor([[1, 2, 3]], device=weight.device)
+    picks = torch.tensor([2, 0], device=weight.device)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            full = model(input_ids=ids).logits.float()
+            with head_at(model, picks):
+                picked = model(input_ids=ids).logits.float()
+        expected = full[0].index_select(0, picks)
+        return picked.shape == (1, 2, full.shape[-1]) and torch.allclose(
+            picked[0], expected, rtol=1e-2, atol=1e-2
+        )
+    except Exception:  # noqa: BLE001  (whatever fails: the model keeps its full logits)
+        return False
+    finally:
+        model.train(training)

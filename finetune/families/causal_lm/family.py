@@ -10,11 +10,19 @@ import math
 from pathlib import Path
 
 import torch
+from accelerate.utils import DynamoBackend
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
-from finetune.families.causal_lm.batches import POSITIONS, CausalLmCollator, row_losses, target_loss
+from finetune.families.causal_lm.batches import (
+    POSITIONS,
+    CausalLmCollator,
+    head_at,
+    heads_at_targets,
+    row_losses,
+    target_loss,
+)
 from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits, source_of
 from finetune.families.causal_lm.generation import (
     Prompts,
@@ -59,6 +67,9 @@ class CausalLM:
         self.packed = None
         """--packing: how the model keeps a pack's documents apart (`packing.PackedAttention`), set by
         `build_model`; None: rows one per sequence."""
+        self.head_at_targets = False
+        """Whether the output layer runs only at the target tokens (`batches.head_at`), set by
+        `build_model`: where the model passes `heads_at_targets`' check, and nothing compiles it."""
 
     def load(self, config) -> tuple[LmTask, dict]:
         refuse_other_families_flags(config, self.name, REFUSED)
@@ -86,6 +97,9 @@ class CausalLM:
             self.packed = packed_attention(model, args.max_length)
         model.config.use_cache = False  # training: no key/value cache; generation's config turns it on
         prepare_generation(model, tokenizer, args)  # what generation and the exported model decode with
+        # Compiled (the flag or an accelerate config), a hook added per call would recompile the graph.
+        compiled = accelerator.state.dynamo_plugin.backend != DynamoBackend.NO
+        self.head_at_targets = not compiled and heads_at_targets(model)
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         speed = plain_speed(args, model, accelerator)
@@ -132,12 +146,15 @@ class CausalLM:
             inputs, rows = forward_inputs(batch, self.packed), batch["documents"]
         else:
             inputs, rows = batch, labels.shape[0]
-        summed, targets = target_loss(model(**inputs).logits, labels, positions)
+        with head_at(accelerator.unwrap_model(model) if self.head_at_targets else None, positions):
+            logits = model(**inputs).logits
+        summed, targets = target_loss(logits, labels, positions)
         accelerator.backward(summed / batch_divisor)
         return summed.detach(), targets, rows
 
     def evaluator(self, task: LmTask, accelerator) -> Evaluator:
-        return with_exact_match(functools.partial(_evaluate, accelerator=accelerator), accelerator)
+        scored = functools.partial(_evaluate, accelerator=accelerator, head_at_targets=self.head_at_targets)
+        return with_exact_match(scored, accelerator)
 
     def predict(self, accelerator, model, loader, task: LmTask, num_rows: int) -> list[dict]:
         return predict_completions(accelerator, model, loader)  # each of the num_rows once, checked
@@ -158,11 +175,12 @@ class CausalLM:
         return CardParts(pipeline_tag=self.pipeline_tag, tag="causal-lm", trained_on=trained_on, use=use)
 
 
-def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator) -> dict:
+def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator, head_at_targets: bool) -> dict:
     """Collective: eval_loss, the summed cross-entropy of every target token of the split over their
     count (float64 sums of per-row sums, gathered without Accelerate's repeated rows), and
     eval_perplexity, exp(eval_loss); the same for any number of processes and any batch size."""
     model = getattr(model, "_orig_mod", model)
+    hooked = accelerator.unwrap_model(model) if head_at_targets else None
     model.eval()
     results = {}
     with torch.no_grad():
@@ -172,9 +190,10 @@ def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator) -> di
                 if should_stop is not None and should_stop():  # every rank, at the same batch
                     model.train()
                     raise EvaluationAbandoned
-                labels = batch.pop("labels")
-                batch.pop(POSITIONS)  # training's; evaluation sums per row
-                summed, targets = row_losses(model(**batch).logits, labels)
+                labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
+                with head_at(hooked, positions):
+                    logits = model(**batch).logits
+                summed, targets = row_losses(logits, labels, positions)
                 summed, targets = accelerator.gather_for_metrics((summed, targets))
                 losses.append(summed)
                 counts.append(targets)
