@@ -143,23 +143,31 @@ def test_tagging_learns_scores_as_seqeval_and_predicts_per_word(ner, tmp_path, c
     assert results["eval_recall"] == pytest.approx(micro["recall"], abs=1e-12)
     assert (out / "confusion_matrix.png").is_file()
     card = (out / "README.md").read_text()
-    assert "pipeline_tag: token-classification" in card and 'aggregation_strategy="simple"' in card
+    assert "pipeline_tag: token-classification" in card and 'aggregation_strategy="first"' in card
     assert (
         "## Confusion matrix (`eval_confusion_matrix`" in card
         and "- long sentences: windows over words" in card
     )
-    assert_pipeline_agrees_on_raw_text(out, tmp_path, capsys)
+    assert_pipeline_agrees_on_raw_text(out, tmp_path, capsys, single=True, strategy="simple")
+    assert_pipeline_agrees_on_raw_text(out, tmp_path, capsys, single=False, strategy="first")
 
 
-def assert_pipeline_agrees_on_raw_text(model_dir, tmp_path, capsys):
+def assert_pipeline_agrees_on_raw_text(model_dir, tmp_path, capsys, single: bool, strategy: str):
     """The exported model predicts raw text (split by its pre-tokenizer) in a run that only predicts; the
-    `pipeline` of the same folder, aggregation_strategy="simple", finds the same entities: type, character
-    span and score (names of one sub-token each, so its per-sub-token tags are the per-word ones)."""
+    `pipeline` of the same folder finds the same entities: type, character span and score. `single`: names
+    of one sub-token each, where aggregation_strategy="simple" (each sub-token's own tag) is per word;
+    otherwise names of several sub-tokens (Kowalski, Zanzibar), where "first" reads each word from its
+    first sub-token as the run does."""
     from transformers import pipeline
 
-    texts = [" ".join(s["tokens"]).replace(" .", ".") for s in sentences(12, seed=3, single=True)]
-    raw = write_jsonl(tmp_path / "raw.jsonl", [{"text": text} for text in texts])
-    out = tmp_path / "predicted"
+    rows = sentences(12 if single else 40, seed=3, single=single)  # 40: Zanzibar among them
+    texts = [" ".join(s["tokens"]).replace(" .", ".") for s in rows]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    words = [w for text in texts for w, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str(text)]
+    several = [w for w in words if len(tokenizer.tokenize(w)) > 1]
+    assert bool(several) is not single, several
+    raw = write_jsonl(tmp_path / f"raw-{strategy}.jsonl", [{"text": text} for text in texts])
+    out = tmp_path / f"predicted-{strategy}"
     capsys.readouterr()
     main(["--task_type", "token_classification", "--model_name_or_path", str(model_dir), "--do_train",
           "false", "--do_predict", "--test_file", str(raw), "--output_dir", str(out), "--max_length", "32",
@@ -170,7 +178,7 @@ def assert_pipeline_agrees_on_raw_text(model_dir, tmp_path, capsys):
     )
     lines = read_jsonl(out / "predictions.jsonl")
     assert [line["text"] for line in lines] == texts
-    tag = pipeline("token-classification", model=str(model_dir), aggregation_strategy="simple")
+    tag = pipeline("token-classification", model=str(model_dir), aggregation_strategy=strategy)
     found = 0
     for line, entities in zip(lines, tag(texts), strict=True):
         ours = [(e["type"], e["start"], e["end"]) for e in line["entities"]]

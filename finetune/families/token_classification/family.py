@@ -119,7 +119,9 @@ class TokenClassification:
             asked = (
                 'print(tag("John Smith lives in Paris."))  # entities: entity_group, score, word, start, end'
             )
-            pipe = f'pipeline("token-classification", model="{model}", aggregation_strategy="simple")'
+            # "first": each word's tag from its first sub-token, as this model was trained and scored
+            # ("simple" tags each sub-token alone, so a word of several can split).
+            pipe = f'pipeline("token-classification", model="{model}", aggregation_strategy="first")'
         else:
             asked = 'print(tag("The cat sat on the mat."))  # a tag per sub-token: entity, score, word'
             pipe = f'pipeline("token-classification", model="{model}")'
