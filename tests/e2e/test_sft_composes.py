@@ -12,7 +12,7 @@ import torch
 from finetune.errors import ConfigError
 from finetune.mnli import main
 from finetune.studies.sweep import sweep_main
-from tests.e2e.test_sft import chat, sft_args  # noqa: F401  (chat: the module's fixture)
+from tests.e2e.test_sft import ONE_UPDATE, chat, first_update, sft_args  # noqa: F401  (chat: the module's fixture)
 from tests.helpers import read_jsonl, reset_accelerate, weights
 from tests.warm_ranks import run_ranks, run_warm
 
@@ -154,3 +154,39 @@ def test_a_folder_held_by_a_live_run_is_refused_in_one_line(chat, tmp_path, caps
         finally:
             other.kill()
     assert last.startswith(f"error: --output_dir {out} is in use by another run (pid {other.pid} on {HOST}, ")
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_gradient_checkpointing_gives_the_same_update(chat, tmp_path, lora):  # noqa: F811
+    """--gradient_checkpointing recomputes the activations in the backward: one update's loss and gradient
+    norm are those of the run without it, in full and with LoRA (whose frozen embeddings give the
+    checkpointed layers inputs that need no gradient)."""
+    peft = ("--use_peft", "true", "--lora_dropout", "0") if lora else ()
+    batch = ("--per_device_train_batch_size", "8")
+    updates = []
+    for name, extra in (("plain", ()), ("checkpointed", ("--gradient_checkpointing", "true"))):
+        main(sft_args(chat, tmp_path / name, *ONE_UPDATE, *batch, *peft, *extra))
+        reset_accelerate()
+        updates.append(first_update(tmp_path / name))
+    plain, checkpointed = updates
+    assert plain["grad_norm"] > 0
+    assert checkpointed["loss"] == pytest.approx(plain["loss"], rel=1e-6)
+    assert checkpointed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_the_fsdp_configs_on_cpu_train_a_causal_lm_as_ddp(chat, tmp_path):  # noqa: F811
+    """accelerate_configs/fsdp.yaml and fsdp_lora.yaml on 2 CPU processes: Accelerate runs them as DDP
+    (MULTI_CPU) here, and says so once; the config files' path trains and exports a causal LM. FSDP itself
+    needs a GPU machine."""
+    for config, peft in (("fsdp.yaml", ()), ("fsdp_lora.yaml", ("--use_peft", "true"))):
+        launch = ["--config_file", f"accelerate_configs/{config}", "--num_processes", "2", "--gpu_ids", "all",
+                  "--mixed_precision", "no"]  # fmt: skip
+        out = tmp_path / config
+        done = run_ranks(sft_args(chat, out, "--max_train_steps", "2", "--per_device_train_batch_size", "4",
+                                  *peft), launch)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert done.stdout.count("asks for FSDP, but Accelerate runs it as MULTI_CPU") == 1
+        results = json.loads((out / "results.json").read_text())
+        assert results["world_size"] == 2 and results["distributed_type"] == "MULTI_CPU"
+        assert (out / "model.safetensors").is_file() and results["global_step"] == 2
