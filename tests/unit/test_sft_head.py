@@ -77,3 +77,22 @@ def test_an_output_layer_that_is_not_the_logits_last_step_keeps_every_tokens_log
     assert not heads_at_targets(tiny_lm)
     monkeypatch.setattr(tiny_lm, "get_output_embeddings", lambda: None)
     assert not heads_at_targets(tiny_lm)
+
+
+def test_the_check_passes_for_an_attention_that_runs_only_on_the_gpu(tiny_lm):
+    """The check runs before the model reaches its device: an attention kernel that refuses CPU tensors
+    (as flash attention does) must not turn the output layer back to every token, and the model keeps
+    the attention it asked for."""
+    from transformers import AttentionInterface
+
+    def cuda_only(*args, **kwargs):
+        raise RuntimeError("FlashAttention only supports CUDA tensors")
+
+    AttentionInterface.register("test_cuda_only", cuda_only)
+    asked = tiny_lm.config._attn_implementation
+    tiny_lm.config._attn_implementation = "test_cuda_only"
+    try:
+        assert heads_at_targets(tiny_lm)
+        assert tiny_lm.config._attn_implementation == "test_cuda_only"
+    finally:
+        tiny_lm.config._attn_implementation = asked

@@ -110,6 +110,8 @@ class CausalLM:
             "head": "language model (next token)",
             "dtype": str(model.dtype).removeprefix("torch."),
             "tokenizer_changes": changes,
+            # heads_at_targets' verdict: where the output layer runs (batches.head_at)
+            "output_layer_at": "target tokens" if self.head_at_targets else "every token",
         }
         return model, tokenizer, backbone, speed
 
