@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import shutil
 import statistics
 import tempfile
@@ -27,23 +26,16 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_sft import _cpu, plain_model, run_once
-
-ASKED = ["What is {a} plus {b}?", "Add {a} and {b}.", "How much is {a} + {b}?", "Compute {a} + {b}, please."]
+from finetune.demo_sft import conversations
 
 
 def sums(count: int, seed: int) -> list[dict]:
-    """Conversational prompt-completion rows (TRL's format): a sum asked, `a + b = c.` answered."""
-    rng = random.Random(seed)
-    made = []
-    for _ in range(count):
-        a, b = rng.randint(2, 99), rng.randint(2, 99)
-        made.append(
-            {
-                "prompt": [{"role": "user", "content": rng.choice(ASKED).format(a=a, b=b)}],
-                "completion": [{"role": "assistant", "content": f"{a} + {b} = {a + b}."}],
-            }
-        )
-    return made
+    """`make demo-sft`'s conversations (a sum asked, `a + b = c.` answered) as TRL's conversational
+    prompt-completion rows."""
+    return [
+        {"prompt": row["messages"][:1], "completion": row["messages"][1:]}
+        for row in conversations(count, seed)
+    ]
 
 
 def judge(model_dir: Path, tokenizer_dir: Path, rows: list[dict], batch_size: int = 16) -> dict:

@@ -229,15 +229,22 @@ def write_lock(folder, pid):
     (folder / LOCK_FILE).write_text(json.dumps({"pid": pid, "host": HOST, "started": started}))
 
 
-def test_a_folder_held_by_a_live_run_is_refused(tiny_model_dir, nli_files, tmp_path, capsys):
-    out = tmp_path / "out"
+def refused_while_held(argv: list[str], out, capsys) -> str:
+    """`argv`'s run, while a live process holds `out`'s lock: one line (exit 2) naming that process, and
+    the folder untouched. Returns the line."""
     with subprocess.Popen(["sleep", "30"]) as other:
         try:
             write_lock(out, other.pid)
-            last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, out), out, "", capsys, exit_code=2)
+            last = fails_cleanly(argv, out, "", capsys, exit_code=2)
         finally:
             other.kill()
     assert last.startswith(f"error: --output_dir {out} is in use by another run (pid {other.pid} on {HOST}, ")
+    return last
+
+
+def test_a_folder_held_by_a_live_run_is_refused(tiny_model_dir, nli_files, tmp_path, capsys):
+    out = tmp_path / "out"
+    last = refused_while_held(tiny_args(tiny_model_dir, nli_files, out), out, capsys)
     assert last.endswith("; wait for it to finish or choose another folder")
 
 

@@ -141,19 +141,10 @@ def test_generating_at_evaluations_leaves_training_as_it_was(chat, tmp_path):  #
 def test_a_folder_held_by_a_live_run_is_refused_in_one_line(chat, tmp_path, capsys):  # noqa: F811
     """The output-folder lock holds for a causal LM run as for a classifier: another live run's folder is
     refused in one line (exit 2), its lock and files untouched."""
-    import subprocess
-
-    from tests.e2e.test_bad_input import fails_cleanly
-    from tests.e2e.test_checkpoints import HOST, write_lock
+    from tests.e2e.test_checkpoints import refused_while_held
 
     out = tmp_path / "out"
-    with subprocess.Popen(["sleep", "30"]) as other:
-        try:
-            write_lock(out, other.pid)
-            last = fails_cleanly(sft_args(chat, out), out, "is in use by another run", capsys, exit_code=2)
-        finally:
-            other.kill()
-    assert last.startswith(f"error: --output_dir {out} is in use by another run (pid {other.pid} on {HOST}, ")
+    refused_while_held(sft_args(chat, out), out, capsys)
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
