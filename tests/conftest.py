@@ -94,16 +94,20 @@ def half_precision_bert(tmp_path_factory):
 
 
 # With pytest-xdist (`-n 2 --dist loadgroup`): the tests sharing a costly session fixture or a machine-wide
-# resource run on one worker, and the costliest group is sent first.
+# resource run on one worker, and the two long groups go first, one to each worker, so that the short
+# tests fill in around them instead of one group running alone at the end.
 _GROUPS = {"minilm_full": "minilm", "slurm_cluster": "cluster", "two_hosts": "cluster"}
+_FIRST = ("minilm", "cluster")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    groups = {}
     for item in items:
         group = next((_GROUPS[f] for f in getattr(item, "fixturenames", ()) if f in _GROUPS), None)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: 0 if "minilm_full" in getattr(item, "fixturenames", ()) else 1)
+        groups[item] = _FIRST.index(group) if group in _FIRST else len(_FIRST)
+    items.sort(key=groups.__getitem__)
