@@ -33,11 +33,11 @@ train: install
 	$(BIN)/accelerate launch -m finetune --output_dir outputs/mnli $(ARGS)
 
 # Every tier: tests/e2e (runs of the entry point, subprocesses, 2 ranks, MiniLM) and tests/unit, on
-# TEST_WORKERS pytest-xdist workers (one thread each; tests/conftest.py keeps a costly session fixture's
-# tests, and the Slurm and two-host ones, on one worker). 2 on 2 cores: 3 was slower (docs/log.md).
+# TEST_WORKERS pytest-xdist workers, one thread each (tests/conftest.py sends the longest test first).
+# 2 on 2 cores: 3 was slower (docs/log.md).
 TEST_WORKERS ?= 2
 test: install slurm
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 # The daemons of the Slurm tests (tests/e2e/slurm_cluster.py): Debian's slurm-wlm and munge, installed
 # when missing, as root on a machine with apt. Elsewhere those tests skip with one line saying this.

@@ -93,21 +93,13 @@ def half_precision_bert(tmp_path_factory):
     return folders
 
 
-# With pytest-xdist (`-n 2 --dist loadgroup`): the tests sharing a costly session fixture or a machine-wide
-# resource run on one worker, and the two long groups go first, one to each worker, so that the short
-# tests fill in around them instead of one group running alone at the end.
-_GROUPS = {"minilm_full": "minilm", "slurm_cluster": "cluster", "two_hosts": "cluster"}
-_FIRST = ("minilm", "cluster")
+# The longest test first (the MiniLM run its fixture trains): under pytest-xdist (`make test`: `-n 2 --dist
+# worksteal`) one worker starts it at once while the other takes the short tests, and the first to run out
+# takes queued tests from the other, so it does not end a worker's queue alone. (xdist's loadgroup, which
+# would keep the Slurm tests on one worker, does not group on pytest 9.2: it renames items by `_nodeid`,
+# which pytest 9.2 no longer reads.)
+_FIRST = "minilm_full"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    groups = {}
-    for item in items:
-        group = next((_GROUPS[f] for f in getattr(item, "fixturenames", ()) if f in _GROUPS), None)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
-        groups[item] = _FIRST.index(group) if group in _FIRST else len(_FIRST)
-    items.sort(key=groups.__getitem__)
+    items.sort(key=lambda item: _FIRST not in getattr(item, "fixturenames", ()))
