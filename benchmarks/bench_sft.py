@@ -224,7 +224,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "cpu": _cpu(),
         "cores": os.cpu_count(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "model", "data")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "model", "data", "output")},
     }
     Path(args.output).write_text(
         json.dumps({"environment": environment, "runs": measured, "median": summary}, indent=2)

@@ -124,7 +124,8 @@ def main() -> None:
         difference, noise = a["mean"] - b["mean"], statistics.mean([a["std"], b["std"]])
         spread = abs(difference) / noise if noise else float("inf")
         print(f"{key}: toolkit - trl = {difference:+.4f}, {spread:.2f} seed standard deviations")
-    environment = {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "settings": vars(args)}
+    settings = {k: v for k, v in vars(args).items() if k != "output"}  # a path of this machine's
+    environment = {"date": time.strftime("%Y-%m-%d"), "cpu": _cpu(), "settings": settings}
     report = {"environment": environment, "before": before, "runs": judged, "summary": summary}
     Path(args.output).write_text(json.dumps(report, indent=2))
     shutil.rmtree(data, ignore_errors=True)

@@ -169,23 +169,26 @@ def _label_names(config, labelled: dict) -> tuple[str, ...]:
 def _scheme_of_model(config, label_names: tuple[str, ...]) -> str:
     """With nothing labelled read: the scheme the model was trained on (its config's tag_scheme, which
     this toolkit's exports carry) when its labels are these; else what the names alone say."""
-    try:
-        model_config = AutoConfig.from_pretrained(config.model_name_or_path, **config.hub_options)
-    except (OSError, ValueError):
-        model_config = None
+    model_config = _model_config(config.model_name_or_path, config.hub_options)
     scheme = getattr(model_config, "tag_scheme", None)
     named = scheme_of_names(label_names)
     fits = scheme == named or (scheme, named) == ("IOB1", "IOB2")  # IOB1 sets may hold B- tags too
-    same_labels = model_labels(config.model_name_or_path, config.hub_options) == label_names
-    return scheme if fits and same_labels else named
+    return scheme if fits and _token_labels(model_config) == label_names else named
 
 
 def model_labels(model_name_or_path: str, hub: dict) -> tuple[str, ...] | None:
     """A token classifier's labels in id order (its config's id2label); None for any other model."""
+    return _token_labels(_model_config(model_name_or_path, hub))
+
+
+def _model_config(model_name_or_path: str, hub: dict):
     try:
-        model_config = AutoConfig.from_pretrained(model_name_or_path, **hub)
+        return AutoConfig.from_pretrained(model_name_or_path, **hub)
     except (OSError, ValueError):
         return None
+
+
+def _token_labels(model_config) -> tuple[str, ...] | None:
     architectures = getattr(model_config, "architectures", None) or []
     if not any(a.endswith("ForTokenClassification") for a in architectures):
         return None
