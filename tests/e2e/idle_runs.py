@@ -94,7 +94,8 @@ def start(names, folder: Path) -> None:
             preexec_fn=_idle_priority,
             env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
         )
-        (run / "pid").write_text(str(process.pid))
+        (run / "pid.part").write_text(str(process.pid))
+        (run / "pid.part").rename(run / "pid")  # whole, for a worker reading it
 
 
 def finished(name: str, tmp_path_factory) -> tuple[Path, dict]:
@@ -103,10 +104,13 @@ def finished(name: str, tmp_path_factory) -> tuple[Path, dict]:
     run = runs_folder(tmp_path_factory) / name
     if not run.is_dir():  # not started at collection (a test called on its own by node id still is)
         start([name], run.parent)
-    if (run / "pid").exists():  # waited for: it runs at the priority of the tests from now on
-        _normal_priority(int((run / "pid").read_text()))
-    deadline = time.monotonic() + _WAIT_S
+    deadline, raised = time.monotonic() + _WAIT_S, False
     while not (run / "exit_code").exists():
+        if not raised and (run / "pid").exists():  # waited for: the tests' priority from now on
+            _normal_priority(int((run / "pid").read_text()))
+            raised = True
+        if raised and not _alive(int((run / "pid").read_text())) and not (run / "exit_code").exists():
+            pytest.fail(f"the idle run {name} was killed: {_tail(run)}")
         if time.monotonic() > deadline:
             pytest.fail(f"the idle run {name} did not end in {_WAIT_S} s: {_tail(run)}")
         time.sleep(0.5)
@@ -135,11 +139,25 @@ def _idle_priority() -> None:
 def _normal_priority(group: int) -> None:
     """Every thread of the run's process group back to SCHED_OTHER: at SCHED_IDLE, a machine busy with
     anything else could starve the run a test is waiting for."""
-    for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat"):
+    for _, task in _group_members(group, threads=True):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(task, os.SCHED_OTHER, os.sched_param(0))
+
+
+def _group_members(group: int, threads: bool = False) -> list[tuple[str, int]]:
+    """(state, pid) of each process in the process group `group` (with `threads`, of each thread)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/task/[0-9]*/stat" if threads else "[0-9]*/stat"):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name: state, ppid, pgrp
             if int(fields[2]) == group:
-                os.sched_setscheduler(int(stat.parent.name), os.SCHED_OTHER, os.sched_param(0))
+                members.append((fields[0], int(stat.parent.name)))
+    return members
+
+
+def _alive(group: int) -> bool:
+    """Whether a process of the run's group is alive (not a zombie: its parent, a worker, need not reap)."""
+    return any(state != "Z" for state, _ in _group_members(group))
 
 
 def _tail(run: Path) -> str:
