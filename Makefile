@@ -33,10 +33,14 @@ train: install
 	$(BIN)/accelerate launch -m finetune --output_dir outputs/mnli $(ARGS)
 
 # Every tier: tests/e2e (runs of the entry point, subprocesses, 2 ranks, MiniLM) and tests/unit, on
-# TEST_WORKERS pytest-xdist workers, one thread each (tests/conftest.py sends the longest test first).
+# TEST_WORKERS pytest-xdist workers, one thread each (the MiniLM runs start at once at idle priority and
+# their tests go last: tests/e2e/idle_runs.py).
 # 2 on 2 cores: 3 was slower (docs/log.md).
 TEST_WORKERS ?= 2
+# compileall first: where PYTHONDONTWRITEBYTECODE is set, each of the ~100 Python processes the tests start
+# would compile this checkout's modules again (0.1-0.5 s of CPU each on a Zen 3, docs/log.md).
 test: install slurm
+	$(BIN)/python -m compileall -q finetune tests
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 # The daemons of the Slurm tests (tests/e2e/slurm_cluster.py): Debian's slurm-wlm and munge, installed
