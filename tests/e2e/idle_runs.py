@@ -2,9 +2,10 @@
 ends, a command line at SCHED_IDLE (Linux's "run only on a core nothing else wants"), and a test that
 reads it waits for it to end.
 
-Why: on 2 cores the other tests leave about a quarter of the CPU idle (Slurm's scheduling, rendezvous
-and time-out waits, launchers sleeping while ranks start). A run at SCHED_IDLE takes that time and yields
-at once to everything else; in process it held one pytest-xdist worker for its 3-4 minutes instead.
+Why: a run at SCHED_IDLE takes whatever CPU the other tests leave idle (Slurm's scheduling, rendezvous
+and time-out waits, launchers sleeping while ranks start) and yields at once to everything else; in
+process it held one pytest-xdist worker for its 3-4 minutes instead. (On 2 cores that idle time is small:
+the cores were 95% busy through `make test` on a Zen 3, docs/log.md.)
 
 Under pytest-xdist the first worker to create a run's folder starts it (the folder sits in the
 session's temporary folder, which every worker shares), and any worker may read it: a worker that runs
@@ -104,12 +105,12 @@ def finished(name: str, tmp_path_factory) -> tuple[Path, dict]:
     run = runs_folder(tmp_path_factory) / name
     if not run.is_dir():  # not started at collection (a test called on its own by node id still is)
         start([name], run.parent)
-    deadline, raised = time.monotonic() + _WAIT_S, False
+    deadline, group = time.monotonic() + _WAIT_S, None
     while not (run / "exit_code").exists():
-        if not raised and (run / "pid").exists():  # waited for: the tests' priority from now on
-            _normal_priority(int((run / "pid").read_text()))
-            raised = True
-        if raised and not _alive(int((run / "pid").read_text())) and not (run / "exit_code").exists():
+        if group is None and (run / "pid").exists():  # waited for: the tests' priority from now on
+            group = int((run / "pid").read_text())
+            _normal_priority(group)
+        elif group is not None and not _alive(group) and not (run / "exit_code").exists():
             pytest.fail(f"the idle run {name} was killed: {_tail(run)}")
         if time.monotonic() > deadline:
             pytest.fail(f"the idle run {name} did not end in {_WAIT_S} s: {_tail(run)}")
