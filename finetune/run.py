@@ -119,6 +119,7 @@ def predict_with_finished(args: TrainConfig, finished: dict, build=None) -> dict
         early_stopping_patience=None,
         validation_split_percentage=None,  # no training rows to carve from
         report_to="none",
+        save_plots=False,  # its charts are not kept
         push_to_hub=False,
     )
     late = None

@@ -65,7 +65,9 @@ def trained(tiny_model_dir, nli_files, tmp_path_factory):
     from finetune.mnli import main
 
     output_dir = tmp_path_factory.mktemp("run") / "out"
-    results = main(tiny_args(tiny_model_dir, nli_files, output_dir, "--num_train_epochs", "3"))
+    results = main(
+        tiny_args(tiny_model_dir, nli_files, output_dir, "--num_train_epochs", "3", "--save_plots", "true")
+    )
     reset_accelerate()
     return output_dir, results
 

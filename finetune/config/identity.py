@@ -83,6 +83,7 @@ LEFT_OUT = {
     "report_to": _OUTPUT,
     "project_name": _OUTPUT,
     "run_name": _OUTPUT,
+    "save_plots": _OUTPUT,
     "push_to_hub": _OUTPUT,
     "hub_model_id": _OUTPUT,
     "config": "the YAML file's keys are compared, as flags, not its path",

@@ -151,6 +151,8 @@ def write_model_card(
         "",
         *(_per_class_section(task, results) if isinstance(task, Task) else _confusion_section(results)),
     ]
+    if not config.save_plots:  # no chart was drawn: no link to one
+        lines = [line for line in lines if not line.startswith("![")]
     path.write_text("\n".join(lines))
 
 

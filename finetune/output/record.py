@@ -24,11 +24,12 @@ def write_run_record(run, results: dict, predictions: list | None) -> None:
     if predictions is not None:
         with writing("predictions.jsonl", output_dir), (output_dir / "predictions.jsonl").open("w") as f:
             f.writelines(json.dumps(p) + "\n" for p in predictions)
-    if config.do_train:
+    if config.do_train and config.save_plots:
         with writing(CURVES_FILE, output_dir):
             plot_training_curves(
                 output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys(per_class=False)
             )
+    if config.do_train:
         wall_s = time.perf_counter() - run.started_s
         card = output_dir / "README.md"
         if card.exists() and not (card.is_file() and is_model_card(card)):  # the user's: kept
@@ -40,15 +41,17 @@ def write_run_record(run, results: dict, predictions: list | None) -> None:
                 write_model_card(
                     card, config, task, results, run.rows, machine, wall_s, run.given_flags, parts
                 )
-    with writing(CONFUSION_FILE, output_dir):  # custom single-label tasks only
-        plot_confusion_matrix(results, output_dir / CONFUSION_FILE)
+    if config.save_plots:
+        with writing(CONFUSION_FILE, output_dir):  # custom single-label tasks and tagging only
+            plot_confusion_matrix(results, output_dir / CONFUSION_FILE)
     # Last: results.json marks a finished run.
     with writing("results.json", output_dir):
         (output_dir / "results.json").write_text(json.dumps(results, indent=2))
     remove_export_checkpoint(config.output_dir, state)
     if summary := results_summary(results, task):
         print(summary)
-    written = ["model, tokenizer, README.md (model card), training_curves.png"] if config.do_train else []
+    curves = f", {CURVES_FILE}" if config.save_plots else ""
+    written = [f"model, tokenizer, README.md (model card){curves}"] if config.do_train else []
     written += ["predictions.jsonl"] if predictions is not None else []
     logged = config.do_train or bool(run.eval_loaders)
     written.append(

@@ -57,8 +57,9 @@ def best_of(study: optuna.Study, root: Path) -> dict | None:
             "folder": str(trial_folder(root, best.number))}  # fmt: skip
 
 
-def write_report(study: optuna.Study, root: Path, summary: dict) -> dict:
-    """sweep.json, rewritten whole (a temporary file, then os.replace: readers never see half of it)."""
+def write_report(study: optuna.Study, root: Path, summary: dict, charts: bool = True) -> dict:
+    """sweep.json, rewritten whole (a temporary file, then os.replace: readers never see half of it);
+    `charts` (--save_plots): its two charts drawn again too."""
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     best = best_of(study, root)
     report = {
@@ -72,7 +73,8 @@ def write_report(study: optuna.Study, root: Path, summary: dict) -> dict:
     if rerun is not None and best is not None and rerun["trial"] == best["number"]:  # only the current best's
         report["rerun_best_with_seeds"] = rerun
     _replace_text(Path(root) / REPORT_FILE, json.dumps(report, indent=2))
-    draw_charts(study, Path(root))
+    if charts:
+        draw_charts(study, Path(root))
     return report
 
 

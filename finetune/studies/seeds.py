@@ -55,11 +55,13 @@ def run_seeds(config: TrainConfig, build=None) -> dict:
             (output_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2))
         with writing("the study card (README.md)", output_dir):
             (output_dir / "README.md").write_text(study_card(summary, config))
-        with writing(CURVES_FILE, output_dir):
-            folders = {seed: output_dir / folder for seed, folder in summary["folders"].items()}
-            plot_seed_curves(folders, summary["metric_for_best_model"], output_dir / CURVES_FILE)
+        if config.save_plots:
+            with writing(CURVES_FILE, output_dir):
+                folders = {seed: output_dir / folder for seed, folder in summary["folders"].items()}
+                plot_seed_curves(folders, summary["metric_for_best_model"], output_dir / CURVES_FILE)
         print(summary_line(summary))
-        print(f"{SUMMARY_FILE}, README.md, {CURVES_FILE}: {output_dir.resolve()}")
+        curves = f", {CURVES_FILE}" if config.save_plots else ""
+        print(f"{SUMMARY_FILE}, README.md{curves}: {output_dir.resolve()}")
     return summary
 
 
@@ -240,6 +242,7 @@ def study_card(summary: dict, config: TrainConfig) -> str:
         *rows,
         "",
         where,
-        f"Per-seed evaluation curves: `{CURVES_FILE}`; every figure: `{SUMMARY_FILE}`.",
+        (f"Per-seed evaluation curves: `{CURVES_FILE}`; " if config.save_plots else "")
+        + f"every figure: `{SUMMARY_FILE}`.",
         "",
     ])  # fmt: skip

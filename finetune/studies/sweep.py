@@ -148,7 +148,7 @@ def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str | None = None,
                 break
             outcome = run_trial(base, *job, metric, trial, build)  # collective
             if study is not None:
-                report = _tell(study, trial, job[1], outcome, root, summary, spec.n_trials)
+                report = _tell(study, trial, job[1], outcome, root, summary, spec.n_trials, base.save_plots)
         n_seeds = rerun_best_with_seeds
         while True:  # until best_seeds/ holds the rerun of the best trial as the study has it now
             rerun = _share(take_rerun(study, spec.n_trials, root, n_seeds) if study is not None else None)
@@ -156,7 +156,7 @@ def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str | None = None,
                 break
             rerun_best(base, rerun["params"], n_seeds, build)
             if study is not None:
-                report = write_report(study, root, summary)  # with the rerun's figures
+                report = write_report(study, root, summary, base.save_plots)  # with the rerun's figures
     finally:
         leave_process_group()
     return report
@@ -265,9 +265,9 @@ def trial_config(base: TrainConfig, params: dict, folder: Path, number: int) -> 
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, params: dict, outcome: dict, root: Path, summary: dict,
-          n_trials: int) -> dict:  # fmt: skip
-    """Rank 0: the outcome into the study (once), the claim released, sweep.json rewritten; the best
-    model exported once the study has its n_trials finished trials."""
+          n_trials: int, charts: bool) -> dict:  # fmt: skip
+    """Rank 0: the outcome into the study (once), the claim released, sweep.json rewritten (and its
+    charts, with `charts`); the best model exported once the study has its n_trials finished trials."""
     state, folder = outcome["state"], trial_folder(root, trial.number)
     for key in ("reason", "pruned_at_step"):
         if key in outcome:
@@ -284,7 +284,7 @@ def _tell(study: optuna.Study, trial: optuna.Trial, params: dict, outcome: dict,
     said = f"{summary['metric']} {outcome['value']:.4f}" if "value" in outcome else outcome.get("reason", "")
     step = f" at step {outcome['pruned_at_step']}" if "pruned_at_step" in outcome else ""
     print(f"trial {trial.number} {state.name}{step}: {said} {params}", flush=True)
-    report = write_report(study, root, summary)
+    report = write_report(study, root, summary, charts)
     if sum(t["state"] in ("COMPLETE", "PRUNED", "FAIL") for t in report["trials"]) >= n_trials:
         best = export_best(study, root)
         if best is not None:

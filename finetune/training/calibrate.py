@@ -118,10 +118,11 @@ def calibrate_model(run) -> dict:
     results.update(_held_out(logits, references, task, metric, split, curves))
     if accelerator.is_main_process:
         output_dir = run.config.output_dir
-        with writing(RELIABILITY_FILE, output_dir):
-            title = f"{eval_key(split, 'reliability')}, T = {temperature:.4f}"
-            what = "each label's max(p, 1 - p)" if multi else "max softmax probability"
-            plot_reliability_diagram(curves, title, f"{output_dir}/{RELIABILITY_FILE}", what)
+        if run.config.save_plots:
+            with writing(RELIABILITY_FILE, output_dir):
+                title = f"{eval_key(split, 'reliability')}, T = {temperature:.4f}"
+                what = "each label's max(p, 1 - p)" if multi else "max softmax probability"
+                plot_reliability_diagram(curves, title, f"{output_dir}/{RELIABILITY_FILE}", what)
         print(f"--calibrate temperature: T = {temperature:.4f} baked into the model's classification layer")
         if bound is not None:
             print(bound_note(temperature, bound, multi))

@@ -26,7 +26,10 @@ OVERFIT = [
 def runs(tiny_model_dir, nli_files, tmp_path_factory):
     """The same overfitting run without and with --calibrate temperature: {name: (output_dir, results)}."""
     found = {}
-    for name, extra in (("plain", []), ("calibrated", ["--calibrate", "temperature"])):
+    for name, extra in (
+        ("plain", []),
+        ("calibrated", ["--calibrate", "temperature", "--save_plots", "true"]),
+    ):
         output_dir = tmp_path_factory.mktemp(name) / "out"
         test_file = ["--test_file", str(nli_files["validation"])]
         found[name] = (
@@ -235,7 +238,7 @@ def test_multi_label_calibration_lowers_ece_and_keeps_every_label(tiny_model_dir
 
     files, out = noisy_tagged_files(tmp_path), tmp_path / "out"
     flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "tags", "--do_predict"]
-    flags += ["--test_file", str(files["validation"]), "--calibrate", "temperature"]
+    flags += ["--test_file", str(files["validation"]), "--calibrate", "temperature", "--save_plots", "true"]
     results = main(tiny_args(tiny_model_dir, files, out, *OVERFIT[:-1], *flags))
     temperature = results["calibration_temperature"]
     assert temperature > 1  # overconfident

@@ -67,7 +67,9 @@ def losses(output_dir) -> list[float]:
 
 def documented_args(tiny_model_dir, nli_files, output_dir, *extra: str) -> list[str]:
     """One epoch with a checkpoint at step 10 and W&B (offline: no key here)."""
-    args = tiny_args(tiny_model_dir, nli_files, output_dir, "--checkpointing_steps", "10", *extra)
+    args = tiny_args(
+        tiny_model_dir, nli_files, output_dir, "--checkpointing_steps", "10", "--save_plots", "true", *extra
+    )
     args[args.index("--report_to") + 1] = "wandb"
     return args
 

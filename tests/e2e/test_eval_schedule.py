@@ -65,7 +65,8 @@ def test_a_learning_rate_too_small_to_change_anything_stops_after_patience_plus_
 ):
     out = tmp_path / "out"
     flags = ["--learning_rate", "1e-12", "--eval_strategy", "steps", "--eval_steps", "3"]
-    results = main(tiny_args(tiny_model_dir, nli_files, out, *flags, "--early_stopping_patience", "2"))
+    flags += ["--early_stopping_patience", "2", "--save_plots", "true"]  # a finished run's every file
+    results = main(tiny_args(tiny_model_dir, nli_files, out, *flags))
     evals = evaluations(out)
     assert [r["step"] for r in evals] == [3, 6, 9]  # the first sets the best; two without improvement
     assert len({r["eval_matched_accuracy"] for r in evals}) == 1

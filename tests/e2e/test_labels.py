@@ -108,7 +108,7 @@ def test_custom_classification_metrics_class_weights_and_a_carved_validation_spl
     out = tmp_path / "out"
     flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "topic"]
     flags += ["--validation_split_percentage", "20", "--class_weights", "balanced"]
-    flags += ["--metric_for_best_model", "eval_f1_weather", "--num_train_epochs", "3"]
+    flags += ["--metric_for_best_model", "eval_f1_weather", "--num_train_epochs", "3", "--save_plots", "true"]
     args = tiny_args(tiny_model_dir, {"train": train, "validation": ""}, out, *flags)
     at = args.index("--validation_file")
     del args[at : at + 2]  # one data file only

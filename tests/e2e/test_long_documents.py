@@ -30,7 +30,7 @@ def long_args(model_dir, files, output_dir, *extra: str) -> list[str]:
         "--train_file", str(files["train"]), "--validation_file", str(files["validation"]),
         "--output_dir", str(output_dir), "--per_device_train_batch_size", "16", "--learning_rate", "3e-3",
         "--num_train_epochs", "3", "--max_length", "128", "--logging_steps", "50", "--mixed_precision", "no",
-        "--report_to", "none", *extra,
+        "--report_to", "none", "--save_plots", "false", *extra,
     ]  # fmt: skip
 
 

@@ -31,7 +31,9 @@ STEPS = [
 
 def test_seeds_summarize_runs_equal_to_standalone_ones(tiny_model_dir, nli_files, tmp_path, capsys):
     out = tmp_path / "study"
-    summary = main(tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--seeds", "42,43,44"))
+    summary = main(
+        tiny_args(tiny_model_dir, nli_files, out, *STEPS, "--seeds", "42,43,44", "--save_plots", "true")
+    )
     reset_accelerate()
     assert json.loads((out / "summary.json").read_text()) == summary
     runs = {s: json.loads((out / f"seed-{s}" / "results.json").read_text()) for s in (42, 43, 44)}

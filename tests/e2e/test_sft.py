@@ -66,6 +66,7 @@ def sft_args(chat, out, *extra: str) -> list[str]:
         "--max_length", "64",
         "--mixed_precision", "no",
         "--report_to", "none",
+        "--save_plots", "false",
         *extra,
     ]  # fmt: skip
 

@@ -36,7 +36,11 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_resumes_exactly(
     out, note = tmp_path / "study", tmp_path / "killed.txt"
     config = sweep_yaml(tmp_path, "n_trials: 4\nsampler: random\nseed: 0\nsearch_space:\n"
                         "  learning_rate: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n")  # fmt: skip
-    argv = ["--sweep_config", config, *tiny_args(tiny_model_dir, nli_files, out, *TRIAL)]
+    argv = [
+        "--sweep_config",
+        config,
+        *tiny_args(tiny_model_dir, nli_files, out, *TRIAL, "--save_plots", "true"),
+    ]
     env = {**os.environ, "AT_STEP": "3", "KILL_NOTE": str(note)}
     # Two workers at once; the probe's SIGKILLs itself at step 3 of its first trial (after checkpoint-2).
     workers = [

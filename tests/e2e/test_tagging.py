@@ -47,6 +47,7 @@ def tag_args(ner, out, *extra: str) -> list[str]:
         "--max_length", "32",
         "--mixed_precision", "no",
         "--report_to", "none",
+        "--save_plots", "false",
         *extra,
     ]  # fmt: skip
 
@@ -126,7 +127,7 @@ def test_tagging_learns_scores_as_seqeval_and_predicts_per_word(ner, tmp_path, c
     test = write_jsonl(tmp_path / "test.jsonl", [{"tokens": s["tokens"]} for s in sentences(15, seed=1)])
     results = main(tag_args(ner, out, "--num_train_epochs", "4", "--per_device_train_batch_size", "8",
                             "--learning_rate", "5e-3", "--eval_strategy", "epoch",
-                            "--do_predict", "--test_file", str(test)))  # fmt: skip
+                            "--do_predict", "--test_file", str(test), "--save_plots", "true"))  # fmt: skip
     printed = capsys.readouterr().out
     assert (
         "task: token_classification, CoNLL files + jsonl rows (tokens, ner_tags), tag scheme IOB2 (BIO), "
@@ -243,7 +244,7 @@ def test_pos_tags_from_conllu_are_scored_by_word_accuracy_and_macro_f1(ner, tmp_
     out = tmp_path / "pos"
     args = tag_args({**ner, "train": train, "validation": validation}, out, "--num_train_epochs", "2",
                     "--per_device_train_batch_size", "8", "--learning_rate", "5e-3", "--do_predict",
-                    "--test_file", str(validation))  # fmt: skip
+                    "--test_file", str(validation), "--save_plots", "true")  # fmt: skip
     results = main(args)
     assert "CoNLL-U (upos), tag scheme none" in capsys.readouterr().out
     assert results["metric_for_best_model"] == "eval_accuracy"

@@ -2,6 +2,7 @@
 
 import csv
 import json
+import random
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 from finetune.data.tasks import GLUE_TASKS
 from finetune.mnli import main
 from tests.helpers import N_VALIDATION, read_jsonl, reset_accelerate, tiny_args
-from tests.task_data import write_task_files
+from tests.task_data import unbalanced_topics, write_task_files
 from tests.warm_ranks import run_ranks
 
 
@@ -119,6 +120,20 @@ def test_model_card_and_training_curves(trained, tiny_model_dir):
         assert image.format == "PNG" and image.size == (1200, 400)
 
 
+def test_save_plots_false_draws_no_chart_and_the_card_links_none(tiny_model_dir, tmp_path, capsys):
+    """A custom single-label task, which draws training_curves.png and confusion_matrix.png by default."""
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in unbalanced_topics(random.Random(0), 48)))
+    out = tmp_path / "out"
+    flags = ["--task_name", "custom", "--text_columns", "text", "--label_column", "topic"]
+    flags += ["--max_train_steps", "2", "--save_plots", "false"]
+    results = main(tiny_args(tiny_model_dir, {"train": train, "validation": train}, out, *flags))
+    assert "eval_confusion_matrix" in results and (out / "README.md").is_file()
+    assert not list(out.glob("*.png"))
+    assert "![" not in (out / "README.md").read_text()
+    assert "training_curves.png" not in capsys.readouterr().out
+
+
 def test_training_curves_put_eval_loss_beside_the_training_loss(trained, tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
@@ -210,10 +225,11 @@ def test_model_card_command_is_what_the_user_gave(trained, tiny_model_dir, nli_f
     card = (out / "README.md").read_text()
     command = next(line for line in card.splitlines() if line.startswith("accelerate launch "))
     argv = command.split()[3:]
-    given = tiny_args(tiny_model_dir, nli_files, out, "--num_train_epochs", "3")  # the fixture's flags
-    # Every flag given with another value than its default; 3 epochs is the default.
+    given = tiny_args(tiny_model_dir, nli_files, out, "--num_train_epochs", "3", "--save_plots", "true")
+    # Every flag given with another value than its default; 3 epochs and charts are the defaults.
     assert {a for a in argv if a.startswith("--")} == {a for a in given if a.startswith("--")} - {
-        "--num_train_epochs"
+        "--num_train_epochs",
+        "--save_plots",
     }
     assert "--learning_rate 0.003" in command and "--per_device_train_batch_size 16" in command
     resolved = json.loads((out / "train_config.json").read_text())
