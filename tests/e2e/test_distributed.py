@@ -108,39 +108,13 @@ def test_two_ranks_agree_and_only_rank_zero_writes(documented_run):
     assert sorted(p.name for p in out.iterdir()) == expected
 
 
-def test_two_machines_on_localhost_train_together(tiny_model_dir, nli_files, tmp_path):
-    """--num_machines 2 with one process each: the multi-node path, with 127.0.0.1 as node 0."""
-    out = tmp_path / "out"
-    port = str(free_port())
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-
-    def node(rank: int) -> subprocess.Popen:
-        command = [ACCELERATE, "launch", "--multi_gpu", "--num_machines", "2", "--num_processes", "2",
-                   "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port,
-                   "finetune/mnli.py", *tiny_args(tiny_model_dir, nli_files, out)]  # fmt: skip
-        return subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-
-    nodes = [node(0), node(1)]
-    try:
-        outputs = [n.communicate(timeout=300) for n in nodes]
-    finally:
-        for n in nodes:
-            n.kill()
-    assert [n.returncode for n in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
-    results = results_of(out)
-    assert results["world_size"] == 2 and results["replicas_identical"] is True
-    assert results["global_step"] == math.ceil(600 / (16 * 2))
-
-
 def test_accumulation_all_reduces_once_per_optimizer_step(tiny_model_dir, nli_files, tmp_path):
-    """With accumulation 2, DDP's no_sync must skip the all-reduce on every other micro-batch."""
+    """With accumulation 2, DDP's no_sync must skip the all-reduce on every other micro-batch. (Forked
+    warm: the subject is the run's DDP; torchrun's own launch is the restart tests'.)"""
     out = tmp_path / "out"
-    launcher = [os.path.join(BIN, "torchrun"), "--nproc_per_node", "2", "--master_port", str(free_port())]
     args = tiny_args(tiny_model_dir, nli_files, out, "--gradient_accumulation_steps", "2")
-    done = two_process(args, launcher, script="tests/probes/count_allreduce.py")
-    # torchrun's launch is one world of two: one start-up summary (rank 0's), identical replicas.
+    done = two_process(args, script="tests/probes/count_allreduce.py")
+    # One world of two: one start-up summary (rank 0's), identical replicas.
     results = results_of(out)
     assert results["world_size"] == 2 and results["replicas_identical"] is True
     assert done.stdout.count("world_size=2") == 1
@@ -174,9 +148,12 @@ def test_partial_last_window_over_two_ranks_matches_one_big_batch(tiny_model_dir
     assert_same_weights(weights(out), reference_weights(model_dir, nli_files, windows, 1e-2, 4))
 
 
-def test_one_process_batch_32_matches_two_processes_batch_16(tiny_model_dir, nli_files, tmp_path):
-    """Same global batch, same rows per step, same loss curve. The two processes come from
-    `accelerate launch --multi_gpu --num_processes 2` with no config file (the flags alone).
+def test_two_machines_on_localhost_with_batch_16_match_one_process_with_batch_32(
+    tiny_model_dir, nli_files, tmp_path
+):
+    """Same global batch, same rows per step, same loss curve. The two processes are two machines of
+    one process each, the multi-node path with 127.0.0.1 as node 0: `accelerate launch --multi_gpu
+    --num_machines 2 --num_processes 2 --machine_rank R` with no config file (the flags alone).
 
     576 rows divide by 32: with a remainder, Accelerate (like DistributedSampler) pads the last
     batch of rank 1 with rows from the start, so that one window would hold other rows.
@@ -185,19 +162,26 @@ def test_one_process_batch_32_matches_two_processes_batch_16(tiny_model_dir, nli
     one, two = tmp_path / "one", tmp_path / "two"
     rows = ["--max_train_samples", "576"]
     main(tiny_args(model_dir, nli_files, one, *rows, "--per_device_train_batch_size", "32"))
-    flags_only = [
-        ACCELERATE,
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        str(free_port()),
-    ]
-    done = two_process(
-        tiny_args(model_dir, nli_files, two, *rows, "--per_device_train_batch_size", "16"), flags_only
-    )
-    assert done.stdout.count("world_size=2") == 1  # the start-up summary comes from rank 0 only
+    args = tiny_args(model_dir, nli_files, two, *rows, "--per_device_train_batch_size", "16")
+    port = str(free_port())
+
+    def machine(rank: int) -> subprocess.Popen:
+        command = [ACCELERATE, "launch", "--multi_gpu", "--num_machines", "2", "--num_processes", "2",
+                   "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port,
+                   "finetune/mnli.py", *args]  # fmt: skip
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        return subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    machines = [machine(0), machine(1)]
+    try:
+        outputs = [m.communicate(timeout=300) for m in machines]
+    finally:
+        for m in machines:
+            m.kill()
+    assert [m.returncode for m in machines] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    assert "".join(out for out, _ in outputs).count("world_size=2") == 1  # the start-up summary: rank 0's
     assert results_of(two)["replicas_identical"] is True
     assert results_of(one)["global_step"] == results_of(two)["global_step"] == 18
     assert (results_of(one)["world_size"], results_of(two)["world_size"]) == (1, 2)

@@ -1,6 +1,6 @@
 """Runs finetune with a DDP comm hook that counts all-reduce rounds, then writes the count.
 
-Launched by tests/test_distributed.py under torchrun: `setup` builds the real run, the hook goes
+Run on 2 ranks by tests/e2e/test_distributed.py: `setup` builds the real run, the hook goes
 on the real DDP model, `execute` trains it. One round = one synchronised backward (the hook sees
 the last bucket once per round).
 """
