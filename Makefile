@@ -35,10 +35,10 @@ train: install
 # Every tier: tests/e2e (runs of the entry point, subprocesses, 2 ranks, MiniLM) and tests/unit, on
 # TEST_WORKERS pytest-xdist workers, one thread each (the MiniLM runs start at once at idle priority and
 # their tests go last: tests/e2e/idle_runs.py).
-# 3 on 2 cores: the worker that waits for a MiniLM run, and tests that wait on a launcher, Slurm or a
-# timeout, leave a core idle with 2 (about 50 s of idle core time); a third worker fills it for about
-# 27 s more CPU (docs/log.md, 2026-11-28).
-TEST_WORKERS ?= 3
+# 2 on 2 cores. A third fills the core that waiting tests leave idle (about 50 s of idle core time with
+# 2), for about 27 s more CPU: 7 min 58 s on the checkout but 8 min 23 s in a fresh clone, against
+# 8 min 2-7 s with 2 on a Zen 3 (docs/log.md, 2026-11-28): within the machine's drift, so 2 stays.
+TEST_WORKERS ?= 2
 # compileall first: where PYTHONDONTWRITEBYTECODE is set, each of the ~100 Python processes the tests start
 # would compile this checkout's modules again (0.1-0.5 s of CPU each on a Zen 3, docs/log.md).
 test: install slurm
