@@ -16,7 +16,7 @@ from finetune.families.family import Evaluator, MicroBatch
 from finetune.model.build import build_model
 from finetune.speed.attention import varlen_position_offset
 from finetune.training.calibrate import check_calibration
-from finetune.training.evaluation import evaluate_splits, forward_backward, load_metric, predict
+from finetune.training.evaluation import evaluate_splits, forward_backward, predict
 
 
 class SequenceClassification:
@@ -58,8 +58,7 @@ class SequenceClassification:
         return summed, units, labels.shape[0]
 
     def evaluator(self, task: Task, accelerator) -> Evaluator:
-        metric = load_metric(task, accelerator)
-        return functools.partial(_evaluate, accelerator=accelerator, metric=metric, task=task)
+        return functools.partial(_evaluate, accelerator=accelerator, task=task)
 
     def predict(self, accelerator, model, loader, task: Task, num_rows: int) -> list[dict]:
         return predict(accelerator, model, loader, task, num_rows)
@@ -68,5 +67,5 @@ class SequenceClassification:
         """The card's classifier parts are its default."""
 
 
-def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator, metric, task: Task) -> dict:
-    return evaluate_splits(accelerator, model, eval_loaders, metric, task, should_stop)
+def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator, task: Task) -> dict:
+    return evaluate_splits(accelerator, model, eval_loaders, task, should_stop)

@@ -42,7 +42,7 @@ from finetune.metrics.calibration import (
 from finetune.model.lora import classification_head, is_peft_model
 from finetune.output.plots import RELIABILITY_FILE, plot_reliability_diagram
 from finetune.output.writing import writing
-from finetune.training.evaluation import _gathered_logits, load_metric, split_results, split_scores
+from finetune.training.evaluation import _gathered_logits, split_results, split_scores
 
 
 def check_calibration(config, task: Task, splits: dict) -> None:
@@ -78,7 +78,6 @@ def calibrate_model(run) -> dict:
     results.json's eval_* keys of the calibrated model and the calibration keys."""
     accelerator, task = run.accelerator, run.task
     split, multi = task.validation_splits[0], task.multi_label
-    metric = load_metric(task, accelerator)
     # Every split's logits before T, one pass each. Documents' logits under --long_documents
     # sliding_window (their windows' mean or max): dividing every window by T divides that aggregate by
     # T, so logits / T are the exported model's (to float32 rounding), and T fitted here is the one the
@@ -94,9 +93,7 @@ def calibrate_model(run) -> dict:
     scale_head(accelerator.unwrap_model(run.model, keep_torch_compile=False), 1 / temperature)
 
     def results_with(scale) -> dict:
-        return split_results(
-            {n: split_scores(scale(z), y, metric, task) for n, (y, z) in gathered.items()}, task
-        )
+        return split_results({n: split_scores(scale(z), y, task) for n, (y, z) in gathered.items()}, task)
 
     # The headline eval_* keys: the exported model's; before T, only the keys T changes (argmax-based
     # metrics stay) under names of their own.
@@ -115,7 +112,7 @@ def calibrate_model(run) -> dict:
         f"before (ECE {before[ece]:.4f})": _bins(logits, references, multi),
         f"after, in-sample (ECE {after[ece]:.4f})": _bins(logits / temperature, references, multi),
     }
-    results.update(_held_out(logits, references, task, metric, split, curves))
+    results.update(_held_out(logits, references, task, split, curves))
     if accelerator.is_main_process:
         output_dir = run.config.output_dir
         if run.config.save_plots:
@@ -132,7 +129,7 @@ def calibrate_model(run) -> dict:
 CROSS_FIT_FOLDS = 2
 
 
-def _held_out(logits, references, task: Task, metric, split: str, curves: dict) -> dict:
+def _held_out(logits, references, task: Task, split: str, curves: dict) -> dict:
     """The fit split's figures after calibration, held out by cross-fitting; its curve added to `curves`.
     Fewer rows than folds: None (nothing to hold out)."""
     names = (*task.calibration_metrics, "loss")
@@ -140,7 +137,7 @@ def _held_out(logits, references, task: Task, metric, split: str, curves: dict) 
     if len(logits) < CROSS_FIT_FOLDS:
         return {**dict.fromkeys(keys), "calibration_temperature_per_fold": None}
     scaled, per_fold = cross_fitted_logits(logits, references, task.multi_label, CROSS_FIT_FOLDS)
-    scores = split_scores(scaled, references, metric, task)
+    scores = split_scores(scaled, references, task)
     curves[f"after, held out (ECE {scores['ece']:.4f})"] = _bins(scaled, references, task.multi_label)
     return {
         **{k: scores[m] for k, m in zip(keys, names, strict=True)},

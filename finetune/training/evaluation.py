@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
-import evaluate as hf_evaluate
 import torch
 import torch.nn.functional as F
 
@@ -13,18 +11,7 @@ from finetune.data.tasks import Task, eval_key
 from finetune.data.windows import by_document
 from finetune.metrics.calibration import multi_label_calibration, single_label_calibration
 from finetune.metrics.classification import multi_label_scores, single_label_scores
-
-METRICS_DIR = Path(__file__).parents[1] / "metrics"
-
-
-def load_metric(task: Task, accelerator):
-    """Collective (rank 0 first): the task's metric module."""
-    # The metric module ships with the package, so this needs no Hub; rank 0 copies it into the
-    # modules cache first so ranks do not race on that copy.
-    with accelerator.main_process_first():
-        return hf_evaluate.load(
-            str(METRICS_DIR / "glue"), "regression" if task.is_regression else "classification"
-        )
+from finetune.metrics.glue_scores import glue_scores
 
 
 def loss_sum(
@@ -75,7 +62,7 @@ class EvaluationAbandoned(Exception):
     within seconds (a preemption notice gives ~30 s)."""
 
 
-def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, should_stop=None) -> dict:
+def evaluate_splits(accelerator, model, eval_loaders: dict, task: Task, should_stop=None) -> dict:
     """Collective: the task's metrics, the loss and the row count of every evaluation split, as
     `eval_<metric>`, `eval_loss` and `eval_<split>_samples` (`eval_matched_<metric>`,
     `eval_matched_loss` for MNLI's splits, and `eval_loss` over the rows of both).
@@ -83,7 +70,7 @@ def evaluate_splits(accelerator, model, eval_loaders: dict, metric, task: Task, 
     `should_stop` (collective too) is asked before every batch; when it says yes,
     `EvaluationAbandoned` is raised on every rank."""
     scores = {
-        split: evaluate(accelerator, model, loader, metric, task, should_stop)
+        split: evaluate(accelerator, model, loader, task, should_stop)
         for split, loader in eval_loaders.items()
     }
     return split_results(scores, task)
@@ -106,29 +93,29 @@ def split_results(scores_by_split: dict, task: Task) -> dict:
     return results
 
 
-def evaluate(accelerator, model, loader, metric, task: Task, should_stop=None) -> dict:
+def evaluate(accelerator, model, loader, task: Task, should_stop=None) -> dict:
     """Collective: metrics over the whole split, each row (document) counted exactly once across ranks."""
     references, logits = _gathered_logits(accelerator, model, loader, "labels", should_stop, task)
-    return split_scores(logits, references, metric, task)
+    return split_scores(logits, references, task)
 
 
-def split_scores(logits: torch.Tensor, references: torch.Tensor, metric, task: Task) -> dict:
+def split_scores(logits: torch.Tensor, references: torch.Tensor, task: Task) -> dict:
     """One split's metrics, calibration scores, loss and row count, from its gathered fp32 logits."""
-    scores = {**_scores(logits, references, metric, task), **calibration_scores(logits, references, task)}
+    scores = {**_scores(logits, references, task), **calibration_scores(logits, references, task)}
     # The training loss over the split's rows, from the fp32 logits: eval_loss.
     loss = float(loss_sum(logits, references, task)) / max(len(references), 1)
     return {**scores, "loss": loss, "samples": len(references)}
 
 
-def _scores(logits: torch.Tensor, references: torch.Tensor, metric, task: Task) -> dict:
-    """GLUE tasks and regression: the GLUE metric module; custom classification: finetune.metrics."""
+def _scores(logits: torch.Tensor, references: torch.Tensor, task: Task) -> dict:
+    """GLUE tasks and regression: the GLUE paper's metrics; custom classification's and multi-label's
+    own (finetune.metrics)."""
     if task.multi_label:
         return multi_label_scores((logits.sigmoid() >= task.threshold).numpy(), references.numpy())
     if task.name == "custom" and not task.is_regression:
         return single_label_scores(logits.argmax(dim=-1).numpy(), references.numpy(), task.label_names)
     predictions = logits.squeeze(-1) if task.is_regression else logits.argmax(dim=-1)
-    scores = metric.compute(predictions=predictions.numpy(), references=references.numpy())
-    return {k: float(v) for k, v in scores.items()}
+    return glue_scores(predictions.numpy(), references.numpy(), regression=task.is_regression)
 
 
 def calibration_scores(logits: torch.Tensor, references: torch.Tensor, task: Task) -> dict:

@@ -84,7 +84,7 @@ def start(names, folder: Path) -> None:
         if not args:
             (run / "exit_code").write_text("skip")
             continue
-        output = ["--output_dir", str(run / "out"), "--report_to", "none"]
+        output = ["--output_dir", str(run / "out"), "--report_to", "none", "--save_plots", "false"]
         command = [sys.executable, "-m", "finetune", *args, *output]
         # The shell writes the exit code when the run ends, for whichever worker waits.
         script = '"$@" > log 2>&1; echo $? > exit_code.part && mv exit_code.part exit_code'
