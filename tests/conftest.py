@@ -72,18 +72,6 @@ def trained(tiny_model_dir, nli_files, tmp_path_factory):
     return output_dir, results
 
 
-@pytest.fixture(scope="session", autouse=True)
-def frozen_imports_heap():
-    """Before the first test, once per process that runs tests: what collection imported (torch,
-    transformers, this package, every test module) moves out of the garbage collector's reach, as
-    `finetune.cli.script` does for a run's process. Otherwise every full collection walks it again: each
-    in-process run ends in one (Accelerate's free_memory), and Python starts others as objects pile up."""
-    import gc
-
-    gc.collect()
-    gc.freeze()
-
-
 @pytest.fixture(autouse=True)
 def fresh_accelerate_state():
     yield
