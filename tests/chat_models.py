@@ -5,6 +5,7 @@
 `chatml_tokenizer()` is the byte-level BPE of tests/backbones.py plus ChatML's two special tokens,
 `<|im_start|>` and `<|im_end|>` (the EOS and pad token, as SmolLM2's), and SmolLM2's own template
 without its default system prompt. `build_tiny_lm(family, folder)` saves a 2-layer model with it.
+`target_runs` decodes what an encoded row trains on.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from finetune.families.causal_lm.conversations import IGNORE
 from tests.backbones import _decoder_config, decoder_tokenizer
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -62,3 +64,17 @@ def smollm2_dir() -> Path | None:
         return None
     folder = Path(next(iter(spec.submodule_search_locations)))
     return folder if (folder / SMOLLM2_GGUF).is_file() else None
+
+
+def target_runs(tokenizer, encoded) -> list[str]:
+    """The decoded runs of consecutive target tokens: one per trained span."""
+    runs, run = [], []
+    for token, label in zip(encoded.input_ids, encoded.labels, strict=True):
+        assert label in (IGNORE, token)  # aligned, not shifted
+        if label == IGNORE and run:
+            runs.append(run)
+            run = []
+        elif label != IGNORE:
+            run.append(token)
+    runs += [run] if run else []
+    return [tokenizer.decode(r, skip_special_tokens=False, clean_up_tokenization_spaces=False) for r in runs]

