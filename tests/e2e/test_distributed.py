@@ -8,7 +8,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 
 import pytest
 import torch
@@ -16,11 +15,10 @@ from accelerate.data_loader import BatchSamplerShard
 from torch.utils.data import BatchSampler
 from transformers import pipeline
 
-from finetune.mnli import cli, main
+from finetune.mnli import cli
 from tests.helpers import (
     N_VALIDATION,
     PYTHON,
-    REPO,
     assert_same_weights,
     free_port,
     read_jsonl,
@@ -146,46 +144,6 @@ def test_partial_last_window_over_two_ranks_matches_one_big_batch(tiny_model_dir
     assert [len(w) for w in windows] == [8, 4]
     assert results_of(out)["global_step"] == 2
     assert_same_weights(weights(out), reference_weights(model_dir, nli_files, windows, 1e-2, 4))
-
-
-def test_two_machines_on_localhost_with_batch_16_match_one_process_with_batch_32(
-    tiny_model_dir, nli_files, tmp_path
-):
-    """Same global batch, same rows per step, same loss curve. The two processes are two machines of
-    one process each, the multi-node path with 127.0.0.1 as node 0: `accelerate launch --multi_gpu
-    --num_machines 2 --num_processes 2 --machine_rank R` with no config file (the flags alone).
-
-    576 rows divide by 32: with a remainder, Accelerate (like DistributedSampler) pads the last
-    batch of rank 1 with rows from the start, so that one window would hold other rows.
-    """
-    model_dir = without_dropout(tiny_model_dir, tmp_path / "model")
-    one, two = tmp_path / "one", tmp_path / "two"
-    rows = ["--max_train_samples", "576"]
-    main(tiny_args(model_dir, nli_files, one, *rows, "--per_device_train_batch_size", "32"))
-    args = tiny_args(model_dir, nli_files, two, *rows, "--per_device_train_batch_size", "16")
-    port = str(free_port())
-
-    def machine(rank: int) -> subprocess.Popen:
-        command = [ACCELERATE, "launch", "--multi_gpu", "--num_machines", "2", "--num_processes", "2",
-                   "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1", "--main_process_port", port,
-                   "finetune/mnli.py", *args]  # fmt: skip
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        return subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-
-    machines = [machine(0), machine(1)]
-    try:
-        outputs = [m.communicate(timeout=300) for m in machines]
-    finally:
-        for m in machines:
-            m.kill()
-    assert [m.returncode for m in machines] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
-    assert "".join(out for out, _ in outputs).count("world_size=2") == 1  # the start-up summary: rank 0's
-    assert results_of(two)["replicas_identical"] is True
-    assert results_of(one)["global_step"] == results_of(two)["global_step"] == 18
-    assert (results_of(one)["world_size"], results_of(two)["world_size"]) == (1, 2)
-    assert len(losses(one)) == 4 and losses(one) == pytest.approx(losses(two), rel=1e-5)
 
 
 def test_compressed_gradients_over_two_ranks(documented_run, tiny_model_dir, nli_files, tmp_path, capsys):

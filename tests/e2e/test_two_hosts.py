@@ -1,5 +1,6 @@
 """Two hosts with addresses of their own (network namespaces joined by a veth pair, 10.36.0.1 and
-10.36.0.2): `accelerate launch` with the multi-node CPU config, --machine_rank 0 on one, 1 on the other."""
+10.36.0.2): `accelerate launch` as a user types it on each, --machine_rank 0 on one, 1 on the other. The
+multi-node CPU config file's launch is the Slurm tests' (multinode.sbatch runs it on two such hosts)."""
 
 import json
 import os
@@ -11,7 +12,8 @@ import uuid
 
 import pytest
 
-from tests.helpers import PYTHON, REPO, kill_tree, tiny_args
+from finetune.mnli import main
+from tests.helpers import PYTHON, REPO, kill_tree, read_jsonl, tiny_args, without_dropout
 
 pytestmark = pytest.mark.multiprocess
 ACCELERATE = os.path.join(os.path.dirname(PYTHON), "accelerate")
@@ -41,16 +43,21 @@ def two_hosts():
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
-def launch(two_hosts, args: list[str], gloo_interface: bool = True) -> list[tuple[int, str, str]]:
-    """On each host: the preflight, then `accelerate launch` (as multinode.sbatch does): each node's
-    (exit code, stdout, stderr)."""
+def launch(
+    two_hosts, args: list[str], gloo_interface: bool = True, config: bool = True
+) -> list[tuple[int, str, str]]:
+    """On each host: the preflight, then `accelerate launch` (as multinode.sbatch does), with the
+    multi-node CPU config, or from the flags alone (`config=False`: --multi_gpu --num_machines 2, no
+    file): each node's (exit code, stdout, stderr)."""
     main_ip = next(iter(two_hosts.values()))[0]
+    setup = ["--config_file", CONFIG] if config else ["--num_machines", "2"]
+    launcher = ["--config_file", CONFIG] if config else ["--multi_gpu", "--num_machines", "2"]
     nodes = []
     for rank, (name, (_, interface)) in enumerate(two_hosts.items()):
         # Port 29536 is free: each namespace has ports of its own.
         where = ["--machine_rank", str(rank), "--main_process_ip", main_ip, "--main_process_port", "29536"]
-        check = [*PREFLIGHT, "--config_file", CONFIG, *where, "--timeout", "60"]
-        command = [ACCELERATE, "launch", "--config_file", CONFIG, "--num_processes", "2", *where,
+        check = [*PREFLIGHT, *setup, *where, "--timeout", "60"]
+        command = [ACCELERATE, "launch", *launcher, "--num_processes", "2", *where,
                    "--rdzv_conf", "timeout=60", "finetune/mnli.py", *args]  # fmt: skip
         both = ["sh", "-c", f"{shlex.join(check)} && exec {shlex.join(command)}"]
         # gloo advertises the address its host name resolves to (127.0.0.1 here): name the interface.
@@ -68,12 +75,29 @@ def launch(two_hosts, args: list[str], gloo_interface: bool = True) -> list[tupl
     return [(node.returncode, *output) for node, output in zip(nodes, outputs, strict=True)]
 
 
-def test_two_hosts_train_as_one_world(two_hosts, tiny_model_dir, nli_files, tmp_path):
-    out = tmp_path / "out"
-    nodes = launch(two_hosts, tiny_args(tiny_model_dir, nli_files, out))
+def test_two_hosts_from_the_flags_alone_with_batch_16_match_one_process_with_batch_32(
+    two_hosts, tiny_model_dir, nli_files, tmp_path
+):
+    """`accelerate launch --multi_gpu --num_machines 2 --num_processes 2 --machine_rank R` with no config
+    file, one process per host: one world of two, whose updates are one process's with the same global
+    batch (the same rows per step, the same loss curve).
+
+    576 rows divide by 32: with a remainder, Accelerate (like DistributedSampler) pads the last batch of
+    rank 1 with rows from the start, so that one window would hold other rows."""
+    model_dir = without_dropout(tiny_model_dir, tmp_path / "model")
+    one, two = tmp_path / "one", tmp_path / "two"
+    rows = ["--max_train_samples", "576"]
+    main(tiny_args(model_dir, nli_files, one, *rows, "--per_device_train_batch_size", "32"))
+    args = tiny_args(model_dir, nli_files, two, *rows, "--per_device_train_batch_size", "16")
+    nodes = launch(two_hosts, args, config=False)
     assert [n[0] for n in nodes] == [0, 0], nodes[0][2][-3000:] + nodes[1][2][-3000:]
-    results = json.loads((out / "results.json").read_text())
-    assert results["world_size"] == 2 and results["replicas_identical"] is True
+    assert "".join(n[1] for n in nodes).count("world_size=2") == 1  # the start-up summary: rank 0's
+    results = {name: json.loads((name / "results.json").read_text()) for name in (one, two)}
+    assert results[two]["replicas_identical"] is True
+    assert (results[one]["world_size"], results[two]["world_size"]) == (1, 2)
+    assert results[one]["global_step"] == results[two]["global_step"] == 18
+    losses = [[r["loss"] for r in read_jsonl(name / "metrics.jsonl") if "loss" in r] for name in (one, two)]
+    assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-5)
 
 
 def test_without_gloo_socket_ifname_every_rank_stops_at_once(two_hosts, tiny_model_dir, nli_files, tmp_path):
