@@ -2,8 +2,8 @@
 `evaluate.load("<finetune>/metrics/glue", "classification" or "regression")`.
 
 Config `classification`: accuracy, Matthews correlation (CoLA) and, for two classes, F1 of class 1
-(MRPC, QQP). Config `regression`: Pearson and Spearman correlation (STS-B). The scores are
-finetune.metrics.glue_scores', which training computes directly.
+(MRPC, QQP). Config `regression`: Pearson and Spearman correlation (STS-B). It returns
+finetune.metrics.glue_scores.glue_scores, which training calls directly.
 """
 
 import datasets
