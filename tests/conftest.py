@@ -11,6 +11,18 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
+# The Arrow caches of the data files the tests write (about 19 MB and 970 files a session) go to a
+# folder of the session's, not to the user's ~/.cache/huggingface/datasets. The first process (pytest,
+# or xdist's controller) makes it and removes it at its exit, the last; workers, subprocesses and the
+# idle runs inherit it.
+if "FINETUNE_TESTS_DATASETS_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["FINETUNE_TESTS_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="finetune-tests-datasets-")
+    atexit.register(shutil.rmtree, os.environ["FINETUNE_TESTS_DATASETS_CACHE"], ignore_errors=True)
+os.environ["HF_DATASETS_CACHE"] = os.environ["FINETUNE_TESTS_DATASETS_CACHE"]
 # One thread per process: the tiny models gain nothing from two, and two per process thrash when a
 # test's subprocess or a second rank shares the 2 cores (a run swung from 2 s to 80 s). Set before
 # torch is imported; subprocesses inherit it, so in-process and subprocess runs stay bitwise equal.
