@@ -2,7 +2,6 @@
 10.36.0.2): `accelerate launch` as a user types it on each, --machine_rank 0 on one, 1 on the other. The
 multi-node CPU config file's launch is the Slurm tests' (multinode.sbatch runs it on two such hosts)."""
 
-import json
 import os
 import shlex
 import shutil
@@ -13,7 +12,8 @@ import uuid
 import pytest
 
 from finetune.mnli import main
-from tests.helpers import PYTHON, REPO, kill_tree, read_jsonl, tiny_args, without_dropout
+from tests.e2e.test_distributed import losses, results_of
+from tests.helpers import PYTHON, REPO, kill_tree, tiny_args, without_dropout
 
 pytestmark = pytest.mark.multiprocess
 ACCELERATE = os.path.join(os.path.dirname(PYTHON), "accelerate")
@@ -92,12 +92,10 @@ def test_two_hosts_from_the_flags_alone_with_batch_16_match_one_process_with_bat
     nodes = launch(two_hosts, args, config=False)
     assert [n[0] for n in nodes] == [0, 0], nodes[0][2][-3000:] + nodes[1][2][-3000:]
     assert "".join(n[1] for n in nodes).count("world_size=2") == 1  # the start-up summary: rank 0's
-    results = {name: json.loads((name / "results.json").read_text()) for name in (one, two)}
-    assert results[two]["replicas_identical"] is True
-    assert (results[one]["world_size"], results[two]["world_size"]) == (1, 2)
-    assert results[one]["global_step"] == results[two]["global_step"] == 18
-    losses = [[r["loss"] for r in read_jsonl(name / "metrics.jsonl") if "loss" in r] for name in (one, two)]
-    assert len(losses[0]) == 4 and losses[0] == pytest.approx(losses[1], rel=1e-5)
+    assert results_of(two)["replicas_identical"] is True
+    assert (results_of(one)["world_size"], results_of(two)["world_size"]) == (1, 2)
+    assert results_of(one)["global_step"] == results_of(two)["global_step"] == 18
+    assert len(losses(one)) == 4 and losses(one) == pytest.approx(losses(two), rel=1e-5)
 
 
 def test_without_gloo_socket_ifname_every_rank_stops_at_once(two_hosts, tiny_model_dir, nli_files, tmp_path):
