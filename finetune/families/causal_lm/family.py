@@ -5,6 +5,7 @@ with --predict_with_generate), its predictions (completions, generation.py) and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from pathlib import Path
@@ -37,6 +38,7 @@ from finetune.families.causal_lm.packing import PackedCollator, forward_inputs, 
 from finetune.families.family import Evaluator, MicroBatch, metric_choice, refuse_other_families_flags
 from finetune.hub import hub_error
 from finetune.model.build import plain_speed
+from finetune.model.gguf_files import as_plain_weights, check_gguf, read_once
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
 from finetune.output.card import CardParts
@@ -214,13 +216,16 @@ def _load(args, loading: dict):
     """AutoModelForCausalLM and its tokenizer, with --chat_template's file as the tokenizer's template."""
     name = args.model_name_or_path
     hub = {key: loading[key] for key in ("revision", "trust_remote_code") if key in loading}
+    reading = contextlib.nullcontext()
     if args.gguf_file:  # transformers reads the tokenizer and the dequantised weights from it
-        _check_gguf(name, args.gguf_file)
+        check_gguf(name, args.gguf_file)
         hub["gguf_file"] = args.gguf_file
         loading = {**loading, "gguf_file": args.gguf_file}
+        reading = read_once()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name, **hub)
-        model = AutoModelForCausalLM.from_pretrained(name, **loading)
+        with reading:
+            tokenizer = AutoTokenizer.from_pretrained(name, **hub)
+            model = AutoModelForCausalLM.from_pretrained(name, **loading)
     except ValueError as error:
         raise loading_error(name, error, loading) from None
     except OSError as error:
@@ -235,35 +240,6 @@ def _load(args, loading: dict):
             f"--max_length {args.max_length} exceeds the model's {positions} positions; lower it"
         )
     return model, tokenizer
-
-
-def as_plain_weights(model) -> None:
-    """A model read from a GGUF file holds dequantised weights in --torch_dtype, but transformers still
-    marks it quantized, refuses to save it ("not serializable") and writes the GGUF settings into every
-    config.json: the marks go, so the export is a plain safetensors model."""
-    model.hf_quantizer = None
-    for config in {id(c): c for c in (model.config, model.config.get_text_config())}.values():
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-
-
-def _check_gguf(folder: str, gguf_file: str) -> None:
-    """A GGUF file the local folder lacks, named with the ones it has (before transformers' long error);
-    the gguf package transformers needs for it."""
-    where = Path(folder)
-    if where.is_dir() and not (where / gguf_file).is_file():
-        found = sorted(p.name for p in where.glob("*.gguf")) or ["none"]
-        raise ConfigError(
-            f"--gguf_file {gguf_file}: not in {folder} (its .gguf files: {', '.join(found)}); name one "
-            "of them",
-            flag="--gguf_file",
-        )
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        raise ConfigError(
-            "--gguf_file needs the gguf package; pip install gguf", flag="--gguf_file"
-        ) from None
 
 
 def _fit_tokenizer(model, tokenizer) -> list[str]:

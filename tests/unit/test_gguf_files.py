@@ -1,0 +1,48 @@
+"""Reading a GGUF file once per load (finetune/model/gguf_files.py), on a small file written here."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from finetune.model.gguf_files import read_once
+
+
+def _write(path):
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(64)
+    writer.add_tensor("token_embd.weight", np.arange(12, dtype=np.float32).reshape(3, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_within_read_once_a_file_is_parsed_once_and_reads_as_a_fresh_parse(tmp_path):
+    path = _write(tmp_path / "tiny.gguf")
+    fresh = gguf.GGUFReader(path)
+    with read_once():
+        first = gguf.GGUFReader(str(path))
+        assert gguf.GGUFReader(path) is first  # another spelling of the same file
+        assert gguf.GGUFReader(tmp_path / "." / "tiny.gguf") is first
+        name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is name_map
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not name_map
+    assert first.fields.keys() == fresh.fields.keys()
+    for key, field in fresh.fields.items():
+        assert first.fields[key].contents() == field.contents(), key
+    assert [t.name for t in first.tensors] == ["token_embd.weight"]
+    assert np.array_equal(first.tensors[0].data, fresh.tensors[0].data)
+    assert name_map.get_name("model.layers.1.self_attn.q_proj") == "blk.1.attn_q"
+
+
+def test_read_once_puts_gguf_back_even_when_the_load_fails(tmp_path):
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with pytest.raises(ValueError), read_once():
+        assert gguf.GGUFReader is not reader_class
+        raise ValueError("a load that fails")
+    assert gguf.GGUFReader is reader_class and gguf.get_tensor_name_map is name_map
+    assert gguf.GGUFReader(_write(tmp_path / "tiny.gguf")) is not gguf.GGUFReader(tmp_path / "tiny.gguf")
