@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from pathlib import Path
 
 from finetune.errors import ConfigError
@@ -30,6 +31,11 @@ def check_gguf(folder: str, gguf_file: str) -> None:
         ) from None
 
 
+# One swap at a time: a second thread's load, swapping inside the first's, would put back the first's
+# swapped names on leaving, and gguf would keep them.
+_SWAPPING = threading.Lock()
+
+
 @contextlib.contextmanager
 def read_once():
     """Within it, gguf's reader is built once per file and its tensor-name map once per architecture.
@@ -41,23 +47,24 @@ def read_once():
     arguments alone, and transformers only reads what they return, so what it loads is unchanged.
 
     transformers imports both names from gguf inside the functions that use them, so gguf's module is
-    where they are swapped; they are put back on leaving."""
+    where they are swapped; they are put back on leaving. Loads in other threads wait for it."""
     import gguf
 
-    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers = {}
+    with _SWAPPING:
+        reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+        readers = {}
 
-    def reader(path, mode="r"):
-        key = (os.path.realpath(path), mode)
-        if key not in readers:
-            readers[key] = reader_class(path, mode)
-        return readers[key]
+        def reader(path, mode="r"):
+            key = (os.path.realpath(path), mode)
+            if key not in readers:
+                readers[key] = reader_class(path, mode)
+            return readers[key]
 
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)
+        try:
+            yield
+        finally:
+            gguf.GGUFReader, gguf.get_tensor_name_map = reader_class, name_map
 
 
 def as_plain_weights(model) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import gguf
 import numpy as np
 import pytest
@@ -46,3 +49,28 @@ def test_read_once_puts_gguf_back_even_when_the_load_fails(tmp_path):
         raise ValueError("a load that fails")
     assert gguf.GGUFReader is reader_class and gguf.get_tensor_name_map is name_map
     assert gguf.GGUFReader(_write(tmp_path / "tiny.gguf")) is not gguf.GGUFReader(tmp_path / "tiny.gguf")
+
+
+def test_loads_in_two_threads_leave_gguf_as_it_was():
+    """A second thread's load waits for the first's: had it swapped inside the first and left after it,
+    it would put back the first's swapped names, and gguf would keep them."""
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    first_inside, first_leaves, second_leaves = threading.Event(), threading.Event(), threading.Event()
+
+    def load(inside, leaves):
+        with read_once():
+            if inside:
+                inside.set()
+            leaves.wait(10)
+
+    first = threading.Thread(target=load, args=(first_inside, first_leaves))
+    second = threading.Thread(target=load, args=(None, second_leaves))
+    first.start()
+    assert first_inside.wait(10)
+    second.start()
+    time.sleep(0.2)  # the second load reaches read_once while the first is inside
+    first_leaves.set()
+    first.join(10)
+    second_leaves.set()  # the second leaves after the first
+    second.join(10)
+    assert gguf.GGUFReader is reader_class and gguf.get_tensor_name_map is name_map
