@@ -10,11 +10,9 @@ import sys
 import threading
 
 from finetune.config.parser import parse_config
-from finetune.distributed.ranks import say_once
-from finetune.distributed.signals import ignore_while_exiting
+from finetune.distributed.launch_env import say_once
 from finetune.errors import ConfigError, Stopped, StoppedAfterFinish, TrainingFailed, TrainingInterrupted
-from finetune.run import run_config
-from finetune.studies.seeds import run_seeds
+from finetune.interrupt import ignore_while_exiting
 
 
 def cli(argv: list[str] | None = None, build=None) -> int:
@@ -39,7 +37,7 @@ def _run(argv: list[str], build) -> int:
     config = None
     try:
         config = parse_config(argv)
-        (run_seeds if config.seeds else run_config)(config, build)
+        _runner(config)(config, build)
     except (ConfigError, TrainingFailed) as error:
         if config.debug if config is not None else getattr(error, "debug", False):
             raise
@@ -87,4 +85,16 @@ def main(argv: list[str] | None = None, build=None) -> dict:
     """Collective: `cli` for Python callers; returns the results (with --seeds, the summary) and raises
     what `cli` reports."""
     config = parse_config(argv)
-    return (run_seeds if config.seeds else run_config)(config, build)
+    return _runner(config)(config, build)
+
+
+def _runner(config):
+    """`run_seeds` or `run_config`, imported once the flags parsed: torch, transformers and the rest take
+    seconds to import, and `--help` or a bad flag needs none of them."""
+    if config.seeds:
+        from finetune.studies.seeds import run_seeds
+
+        return run_seeds
+    from finetune.run import run_config
+
+    return run_config

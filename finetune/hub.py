@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from finetune.distributed.ranks import say_once
+from finetune.distributed.launch_env import say_once
 from finetune.errors import ConfigError
 from finetune.net import answers
 

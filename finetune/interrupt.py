@@ -1,5 +1,6 @@
-"""Ctrl-C while a script starts (seconds of imports, before `cli` handles it): one line, not a
-traceback. Only the entry scripts call `quiet_ctrl_c_while_starting`; importing this does nothing."""
+"""The entry scripts' signals at their two edges. Ctrl-C while a script starts (seconds of imports, before
+`cli` handles it): one line, not a traceback. Stop signals once `cli` returned: ignored while the
+interpreter exits. Only the entry scripts call these; importing this does nothing."""
 
 from __future__ import annotations
 
@@ -16,3 +17,11 @@ def quiet_ctrl_c_while_starting() -> None:
         os._exit(130)  # mid-import: no cleanup to run, nothing to save
 
     signal.signal(signal.SIGINT, interrupted)
+
+
+def ignore_while_exiting() -> None:
+    """The scripts' last step, once `cli` returned: a stop signal while the interpreter exits (threads,
+    atexit hooks) would end the process 143 with no line after a complete run. Only for a process that
+    is about to exit: the handlers are not given back."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)

@@ -19,13 +19,8 @@ from finetune.config.identity import run_identity
 from finetune.config.resolved import Resolved, eval_batch_size
 from finetune.config.train_config import TrainConfig, to_dict
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
-from finetune.distributed.ranks import (
-    check_launched_all,
-    launcher_rank,
-    launcher_world_size,
-    processes_asked_of_accelerate,
-    replicas_identical,
-)
+from finetune.distributed.launch_env import launcher_rank, launcher_world_size, processes_asked_of_accelerate
+from finetune.distributed.ranks import check_launched_all, replicas_identical
 from finetune.distributed.signals import StopSignals, only_noted
 from finetune.errors import Stopped, StoppedAfterFinish, TrainingFailed, TrainingInterrupted
 from finetune.families import family_for

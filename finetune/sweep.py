@@ -23,7 +23,7 @@ from finetune.studies.sweep import sweep_cli, sweep_main
 __all__ = ["sweep_cli", "sweep_main"]
 
 if __name__ == "__main__":
-    from finetune.distributed.signals import ignore_while_exiting
+    from finetune.interrupt import ignore_while_exiting
 
     code = sweep_cli()
     ignore_while_exiting()  # as finetune/cli.py's script(): the sweep is over, the process only exits

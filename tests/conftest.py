@@ -108,7 +108,10 @@ def half_precision_bert(tmp_path_factory):
 
 
 # The tests that read an idle run (tests/e2e/idle_runs.py: the MiniLM fine-tunings, started at SCHED_IDLE as
-# collection ends) go last, so their runs have had the most idle CPU by the time a test waits for one.
+# collection ends) go last in collection order, so their runs have had the most idle CPU by the time a
+# test waits for one. That holds in one process; under `make test` (-n 2 --dist worksteal) the worker
+# given the second half, the quick unit tier, reaches them first: they started 33 s and 107 s into a run on
+# a Zen 3 (2026-11-28), and from then the runs, at normal priority, share the cores with the other worker.
 # (xdist's loadgroup, which would keep the Slurm tests on one worker, does not group on pytest 9.2: it
 # renames items by `_nodeid`, which pytest 9.2 no longer reads.)
 def pytest_collection_modifyitems(config, items):

@@ -10,6 +10,8 @@ microseconds (docs/log.md).
 import gc
 
 import finetune.cli  # noqa: F401
+import finetune.run  # noqa: F401  (the cli imports it once the flags parsed)
+import finetune.studies.seeds  # noqa: F401
 import finetune.studies.sweep  # noqa: F401
 
 gc.freeze()

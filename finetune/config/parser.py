@@ -15,7 +15,7 @@ from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
 from finetune.config.train_config import TrainConfig, default_of, flag_help
-from finetune.distributed.ranks import launcher_rank
+from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError
 
 

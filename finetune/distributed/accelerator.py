@@ -15,8 +15,9 @@ from accelerate.utils import (
 )
 
 from finetune.config.train_config import TrainConfig
+from finetune.distributed.launch_env import launcher_world_size
 from finetune.distributed.preflight import check_gloo_address
-from finetune.distributed.ranks import check_world_size, launcher_world_size
+from finetune.distributed.ranks import check_world_size
 from finetune.errors import ConfigError
 from finetune.speed.compile import dynamo_plugin
 from finetune.speed.hardware import bf16_is_fast, cpu_class

@@ -70,11 +70,3 @@ def only_noted():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def ignore_while_exiting() -> None:
-    """The scripts' last step, once `cli` returned: a stop signal while the interpreter exits (threads,
-    atexit hooks) would end the process 143 with no line after a complete run. Only for a process that
-    is about to exit: the handlers are not given back."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)

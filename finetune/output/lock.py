@@ -11,7 +11,7 @@ import socket
 from datetime import datetime
 from pathlib import Path
 
-from finetune.distributed.ranks import launcher_rank
+from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError
 
 LOCK_FILE = ".finetune.lock"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from finetune.config.identity import differences
 from finetune.config.train_config import TrainConfig
-from finetune.distributed.ranks import launcher_rank
+from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError
 from finetune.model.loading import TOKENIZER_FILES
 from finetune.model.lora import ADAPTER_DIR

@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 
 from finetune.config.train_config import TrainConfig
-from finetune.distributed.ranks import launcher_rank
+from finetune.distributed.launch_env import launcher_rank
 from finetune.studies import claims
 from finetune.studies.report import FINISHED, RERUN_DIR, RERUN_RECORD, best_of
 from finetune.studies.seeds import SUMMARY_FILE, run_seeds

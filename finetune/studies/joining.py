@@ -23,7 +23,7 @@ import optuna
 
 from finetune.config.identity import _named, differences, run_identity, with_added_later
 from finetune.config.train_config import TrainConfig, to_dict
-from finetune.distributed.ranks import launcher_world_size
+from finetune.distributed.launch_env import launcher_world_size
 from finetune.errors import ConfigError
 from finetune.output.lock import release_lock, take_lock
 from finetune.output.prerun import check_usable_folder, earlier_outputs, remove_earlier_run

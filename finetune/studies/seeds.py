@@ -18,7 +18,7 @@ from pathlib import Path
 
 from finetune.config.train_config import TrainConfig
 from finetune.distributed.accelerator import fresh_accelerate_state, leave_process_group
-from finetune.distributed.ranks import launcher_rank
+from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError
 from finetune.output.plots import plot_seed_curves
 from finetune.output.writing import writing

@@ -41,7 +41,7 @@ from optuna.trial import TrialState
 from finetune.config.parser import parse_config
 from finetune.config.train_config import TrainConfig
 from finetune.distributed.accelerator import fresh_accelerate_state, leave_process_group
-from finetune.distributed.ranks import launcher_rank, launcher_world_size, say_once
+from finetune.distributed.launch_env import launcher_rank, launcher_world_size, say_once
 from finetune.errors import ConfigError, Stopped, TrainingFailed, TrainingInterrupted
 from finetune.families import family_for
 from finetune.output.tracking import trackers_for

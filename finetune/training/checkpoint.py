@@ -18,7 +18,7 @@ from accelerate.utils import load as safe_load  # torch.load(weights_only=True) 
 from safetensors import safe_open
 
 from finetune.config.identity import refuse_other_run
-from finetune.distributed.ranks import launcher_rank
+from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError, TrainingFailed, _reason
 
 PREFIX = "checkpoint-"

@@ -47,3 +47,19 @@ def test_demo_data_module_is_runnable(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = (tmp_path / "train.jsonl").read_text().splitlines()
     assert len(lines) == 30 and {json.loads(x)["label"] for x in lines} == {0, 1, 2}
+
+
+def test_help_and_a_bad_flag_answer_before_torch_is_imported(tmp_path):
+    """`--help` and a flag refused while parsing take about a second: torch, transformers' models and
+    the run are imported only once the flags parsed (not the 6-7 s of imports a run needs)."""
+    probe = (
+        "import sys; from finetune.cli import cli\n"
+        "code = cli(['--learning_rate', '-1', '--output_dir', sys.argv[1]])\n"
+        "try:\n    cli(['--help'])\nexcept SystemExit as exit:\n    code = (code, exit.code)\n"
+        "print(code, sorted(m for m in ('torch', 'finetune.run', 'accelerate') if m in sys.modules))"
+    )
+    done = run_cli([PYTHON, "-c", probe, str(tmp_path / "out")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "(2, 0) []"
+    assert done.stderr.strip().splitlines() == ["error: --learning_rate must be > 0, got -1.0"]
+    assert not (tmp_path / "out").exists()

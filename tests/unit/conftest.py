@@ -23,5 +23,5 @@ def in_process_only(request, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError(WRONG_TIER)
 
-    monkeypatch.setattr(finetune.cli, "run_config", refuse)  # what main() and cli() run
+    monkeypatch.setattr(finetune.cli, "_runner", refuse)  # what main() and cli() run
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)  # subprocess.run, check_output, launchers

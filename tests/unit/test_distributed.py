@@ -3,7 +3,8 @@ tests/e2e/test_distributed.py."""
 
 import pytest
 
-from finetune.distributed.ranks import check_launched_all, check_world_size, simple_launch_asks
+from finetune.distributed.launch_env import simple_launch_asks
+from finetune.distributed.ranks import check_launched_all, check_world_size
 from finetune.errors import ConfigError
 
 
