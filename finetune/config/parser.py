@@ -130,16 +130,18 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 
 
 TASK_FLAGS = (
-    "task_name", "text_columns", "label_column", "long_documents", "doc_stride", "window_aggregation",
+    "task_type", "task_name", "text_columns", "label_column", "long_documents", "doc_stride",
+    "window_aggregation",
 )  # fmt: skip
 WINDOW_FLAGS = ("doc_stride", "window_aggregation")
 
 
 def _as_the_model_was_trained(values: dict, named: set[str]) -> dict:
-    """--do_train false on a model this toolkit trained: the task flags left out (--task_name,
-    --text_columns, --label_column, and how it read long documents: sliding windows with their stride,
-    aggregation and size, --max_length) as its folder's train_config.json records them, so evaluating a
-    custom task's model needs only its files. A flag given wins; rank 0 says what was taken."""
+    """--do_train false on a model this toolkit trained: the task flags left out (--task_type,
+    --task_name, --text_columns, --label_column, and how it read long documents: sliding windows with their
+    stride, aggregation and size, --max_length) as its folder's train_config.json records them, so
+    evaluating a custom task's model needs only its files. A flag given wins; a recorded default changes
+    nothing and goes unsaid; rank 0 says what was taken."""
     folder = Path(values["model_name_or_path"])
     if values["do_train"] or named.issuperset(TASK_FLAGS) or not folder.is_dir():
         return {}
@@ -149,7 +151,12 @@ def _as_the_model_was_trained(values: dict, named: set[str]) -> dict:
             trained = recorded.get("args") or recorded  # older records: the flat configuration
         except (OSError, ValueError, AttributeError):
             continue
-        taken = {k: trained[k] for k in TASK_FLAGS if k not in named and trained.get(k) is not None}
+        defaults = {f.name: default_of(f) for f in dataclasses.fields(TrainConfig)}
+        taken = {
+            k: trained[k]
+            for k in TASK_FLAGS
+            if k not in named and trained.get(k) is not None and trained[k] != defaults[k]
+        }
         windowed = (values if "long_documents" in named else {**values, **taken})["long_documents"]
         if windowed != "sliding_window":  # e.g. --long_documents truncate given: no window settings
             taken = {k: v for k, v in taken.items() if k not in WINDOW_FLAGS}

@@ -363,6 +363,22 @@ def test_evaluating_a_trained_model_takes_its_task_flags_from_its_record(tmp_pat
                          "v.csv"]).task_name == "mnli"  # training: the flags as given  # fmt: skip
 
 
+def test_evaluating_a_tagger_takes_its_family_and_says_only_what_differs_from_the_defaults(tmp_path, capsys):
+    """A tagging run's record holds every flag, defaults included (--task_name mnli, --label_column
+    label): --do_train false takes its --task_type and its own columns, and names only those."""
+    model = tmp_path / "tagger"
+    model.mkdir()
+    record = {"task_type": "token_classification", "task_name": "mnli", "text_columns": "words",
+              "label_column": "label", "long_documents": "truncate", "doc_stride": 128}  # fmt: skip
+    (model / "train_config.json").write_text(json.dumps({"args": record}))
+    config = parse_config(["--do_train", "false", "--model_name_or_path", str(model), "--validation_file",
+                           "dev.jsonl"])  # fmt: skip
+    assert (config.task_type, config.text_columns) == ("token_classification", "words")
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--do_train false")]
+    assert said == [f"--do_train false: --task_type token_classification --text_columns words, as "
+                    f"{model / 'train_config.json'} records the model's training"]  # fmt: skip
+
+
 def test_seeds_are_distinct_whole_numbers_and_the_interval_uses_students_t():
     """--seeds normalizes spaces; a repeat or a word is refused naming the flag. Student's t at 97.5%:
     the table, then the series (exact values 2.0395 at 31, 1.9840 at 100 degrees of freedom)."""

@@ -5,6 +5,7 @@ the row or line, with the fix."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -59,6 +60,54 @@ def test_renamed_columns_and_ids_read_through_label_names(tmp_path):
     task, splits = load_tag_splits(config)
     assert task.label_names == ("O", "B-PER", "B-LOC")  # --label_names keeps its order
     assert splits["train"][0]["tags"] == ["O", "B-LOC"]
+
+
+def test_a_test_file_of_raw_text_under_renamed_word_columns(tmp_path):
+    """--text_columns names the words of the labelled files; a test file without that column but with
+    `text` is raw text to split, as without the flag."""
+    train = jsonl(tmp_path / "t.jsonl", [{"words": ["Ann", "ran"], "ner": ["B-PER", "O"]}])
+    test = jsonl(tmp_path / "p.jsonl", [{"text": "Ann ran home."}])
+    config = tagging_config(tmp_path, train, text_columns="words", label_column="ner", do_predict=True,
+                            test_file=str(test))  # fmt: skip
+    _, splits = load_tag_splits(config)
+    assert splits["test"].column_names == ["text"] and splits["test"][0]["text"] == "Ann ran home."
+
+
+def tagger_folder(folder, tags):
+    """A token classifier's config.json (all `model_labels` reads) with `tags` as its id2label."""
+    from transformers import BertConfig
+
+    BertConfig(architectures=["BertForTokenClassification"], id2label=dict(enumerate(tags))).save_pretrained(
+        folder
+    )
+    return folder
+
+
+def test_label_names_in_another_order_than_the_models_head_keep_the_head(tmp_path):
+    """A tagger's head tags O,B-PER,I-PER; --label_names names the same tags in another order: the run
+    takes the head's order (kept, not replaced by a random one), and --class_weights stays the listed
+    order's."""
+    model = tagger_folder(tmp_path / "tagger", ["O", "B-PER", "I-PER"])
+    train = jsonl(tmp_path / "t.jsonl", [{"tokens": ["Ann", "Lee", "ran"], "tags": ["B-PER", "I-PER", "O"]}])
+    config = tagging_config(tmp_path, train, label_names="I-PER,O,B-PER", class_weights="3,1,2")
+    task, _ = load_tag_splits(dataclasses.replace(config, model_name_or_path=str(model)))
+    assert task.label_names == ("O", "B-PER", "I-PER")
+    assert task.class_weights == (1.0, 2.0, 3.0)
+
+
+@pytest.mark.parametrize("head", [["O", "B-PER", "I-PER"], None])
+def test_evaluating_with_tags_the_head_lacks_is_refused(tmp_path, head):
+    """Nothing trains: a head for other tags than the model's (or for a model that tags nothing) would be
+    scored untrained, so the run refuses, naming the flag."""
+    model = tagger_folder(tmp_path / "tagger", head) if head else tmp_path
+    validation = jsonl(tmp_path / "v.jsonl", [{"tokens": ["Ann", "ran"], "tags": ["B-PER", "O"]}])
+    config = TrainConfig(task_type="token_classification", model_name_or_path=str(model), do_train=False,
+                         validation_file=str(validation), output_dir=str(tmp_path / "out"),
+                         label_names="O,B-PER,I-PER,B-LOC")  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        load_tag_splits(config)
+    assert refused.value.flag == ("--label_names" if head else "--model_name_or_path")
+    assert "nothing trains" in str(refused.value)
 
 
 def test_class_label_ids_read_as_their_names(tmp_path):
@@ -195,6 +244,19 @@ def test_conll_as_real_files_come_byte_order_mark_tab_blank_lines_and_comments(t
     assert read["tags"] == [["B-ORG", "O"], ["B-PER"], ["I-PER"]]
 
 
+def test_the_word_hash_is_a_token_line_and_an_id_line_a_comment(tmp_path):
+    """CoNLL-2003's four columns: `# NN I-NP O` is the word `#` (a currency sign) with its tag; a
+    MultiCoNER id line of as many columns, ending in no tag, is a comment."""
+    from finetune.families.token_classification.reading import read_conll
+
+    path = tmp_path / "ner.conll"
+    lines = ["# id 7 domain=en", "EU NNP B-NP B-ORG", "pays VBZ B-VP O", "# NN I-NP O", "5 CD I-NP O"]
+    path.write_text("\n".join(lines) + "\n")
+    read = read_conll(str(path), True)
+    assert read["words"] == [["EU", "pays", "#", "5"]]
+    assert read["tags"] == [["B-ORG", "O", "O", "O"]]
+
+
 def test_raw_text_is_split_as_the_tokenizer_splits_it_cjk_included():
     """Words from the tokenizer's own normalizer and pre-tokenizer (BERT's splits each CJK character),
     with their character spans in the text."""
@@ -204,7 +266,7 @@ def test_raw_text_is_split_as_the_tokenizer_splits_it_cjk_included():
     from tests.helpers import minilm_dir
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
-    assert split_text(tokenizer, "李明住在北京") == (list("李明住在北京"), [(i, i + 1) for i in range(6)])
-    words, spans = split_text(tokenizer, "Mr.Smith  lives (Brazil)")
+    assert split_text(tokenizer, "李明住在北京")[:2] == (list("李明住在北京"), [(i, i + 1) for i in range(6)])
+    words, spans, _ = split_text(tokenizer, "Mr.Smith  lives (Brazil)")
     assert words == ["Mr", ".", "Smith", "lives", "(", "Brazil", ")"]
     assert [("Mr.Smith  lives (Brazil)")[a:b] for a, b in spans] == words

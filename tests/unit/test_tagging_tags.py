@@ -90,3 +90,22 @@ def test_the_confusion_matrix_counts_words_with_tags_the_labels_lack():
     found = confusion([["O", "B-X"]], [["O", "O"]], ("O", "B-PER"))
     assert found == {"labels": ["O", "B-PER", "B-X"], "matrix": [[1, 0, 0], [0, 0, 0], [1, 0, 0]]}
     assert confusion([["O"]], [["O"]], tuple(f"T{i}" for i in range(51))) is None
+
+
+@pytest.mark.parametrize(
+    ("scheme", "aggregation"), [("IOB2", 'aggregation_strategy="first"'), ("BIOES", None)]
+)
+def test_the_cards_pipeline_groups_words_only_for_b_and_i_tags(scheme, aggregation):
+    """transformers' pipeline groups entities by B-/I- prefixes alone: a BIOES model's card shows the
+    per-sub-token tags (grouped, S-PER S-PER would read as one entity)."""
+    from finetune.config.train_config import TrainConfig
+    from finetune.families.token_classification.family import TokenClassification
+    from finetune.families.token_classification.task import TagTask
+
+    names = ("O", "B-PER", "I-PER") if scheme == "IOB2" else ("O", "B-PER", "E-PER", "S-PER")
+    task = TagTask(label_names=names, scheme=scheme, format="rows")
+    config = TrainConfig(
+        task_type="token_classification", output_dir="out", train_file="t.jsonl", eval_strategy="no"
+    )
+    pipe = next(line for line in TokenClassification().card_parts(config, task).use if "pipeline(" in line)
+    assert (aggregation in pipe) if aggregation else ("aggregation_strategy" not in pipe), pipe

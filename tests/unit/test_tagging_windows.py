@@ -78,25 +78,47 @@ def test_a_sentence_five_times_max_length_scores_each_word_once(tokenizer):
 
 def test_raw_text_is_split_as_the_pre_tokenizer_splits_it_with_spans(tokenizer):
     text = "John  lives in New-York, today."
-    words, spans = split_text(tokenizer, text)
+    words, spans, tokens = split_text(tokenizer, text)
     assert words == ["John", "lives", "in", "New", "-", "York", ",", "today", "."]
     assert [text[s:e] for s, e in spans] == words
+    assert [token for word in tokens for token in word] == tokenizer(text, add_special_tokens=False)[
+        "input_ids"
+    ]
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "byte-level BPE"])
+TEXTS = (
+    "Yesterday John met Mary in New York, and they walked to the river.",
+    "John Smith\tworks for\nReuters.",
+    "Kowalski  lives in   Paris",
+    "Laura's friend doesn't.",
+)
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "byte-level BPE", "byte-level BPE with add_prefix_space"])
 def test_raw_text_gets_the_tokens_the_tokenizer_gives_the_whole_text(tokenizer, kind):
-    """Words split from a text and tokenized one by one get the very tokens of the whole text: WordPiece
-    splits words anyway; a byte-level BPE without add_prefix_space gets each word's space back (a word
-    glued to the one before, like a full stop, none)."""
+    """A text's words are read with the very tokens of the whole text, as `pipeline` feeds it: with
+    WordPiece; a byte-level BPE without add_prefix_space (GPT-2's, Llama 3's: a tab, a newline or a second
+    space a token of its own, a comma glued to its word); RoBERTa's, which the run loads with
+    add_prefix_space (a comma after a word gets no space of its own). The words are the text's, in order."""
+    from tokenizers import pre_tokenizers
+
     from tests.backbones import decoder_tokenizer
 
-    tokenizer = tokenizer if kind == "wordpiece" else decoder_tokenizer()
-    text = "Yesterday John met Mary in New York, and they walked to the river."
+    if kind != "wordpiece":
+        tokenizer = decoder_tokenizer()
+        prefix = kind.endswith("add_prefix_space")
+        tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=prefix)
     task = TagTask(label_names=("O",), scheme="none", format="rows")
-    task.counts["test"] = {"sentences": 1, "words": 0}
+    task.counts["test"] = {"sentences": len(TEXTS), "words": 0}
     config = TrainConfig(
         task_type="token_classification", test_file="t.jsonl", do_train=False, do_predict=True
     )
-    windows = encode_splits(task, {"test": Dataset.from_dict({"text": [text]})}, tokenizer, config)["test"]
-    assert windows[0]["input_ids"] == tokenizer(text)["input_ids"]
-    assert task.references["test"][0]["words"][-2:] == ["river", "."]
+    windows = encode_splits(task, {"test": Dataset.from_dict({"text": list(TEXTS)})}, tokenizer, config)[
+        "test"
+    ]
+    assert windows["input_ids"] == [tokenizer(text)["input_ids"] for text in TEXTS]
+    read = task.references["test"]
+    assert read[0]["words"][-2:] == ["river", "."] and read[1]["words"][:2] == ["John", "Smith"]
+    for row in read:
+        assert [row["text"][start:end] for start, end in row["spans"]] == row["words"]
+    assert "".join(read[2]["words"]) == "Kowalskilivesin" + "Paris"

@@ -7,7 +7,6 @@ both sides; the others carry it as context only."""
 from __future__ import annotations
 
 import json
-import re
 
 from datasets import Dataset
 
@@ -73,30 +72,32 @@ def spaces_words(tokenizer) -> bool:
     return any(p.get("type") == "ByteLevel" and not p.get("add_prefix_space", False) for p in parts)
 
 
-def split_text(tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]]]:
-    """Raw text as words with their character spans, as the tokenizer itself splits it: its normalizer
-    then its pre-tokenizer (BERT's: spaces, punctuation and each CJK character), read from the sub-tokens'
-    offsets grouped by word; whitespace a word's pieces carry (byte-level BPE's, SentencePiece's) is left
-    out of the word and its span. A tokenizer without offsets (no fast backend): split at whitespace."""
-    if not getattr(tokenizer, "is_fast", False):
-        pieces = [m.span() for m in re.finditer(r"\S+", text)]
-    else:
-        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        bounds: dict[int, list[int]] = {}
-        for word, (start, end) in zip(encoded.word_ids(), encoded["offset_mapping"], strict=True):
-            if word is not None and end > start:
-                span = bounds.setdefault(word, [start, end])
-                span[0], span[1] = min(span[0], start), max(span[1], end)
-        pieces = [tuple(bounds[word]) for word in sorted(bounds)]
-    words, spans = [], []
-    for start, end in pieces:
-        piece = text[start:end]
-        word = piece.strip()
-        if word:
-            start += len(piece) - len(piece.lstrip())
-            words.append(word)
-            spans.append((start, start + len(word)))
-    return words, spans
+def split_text(tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]], list[list[int]]]:
+    """Raw text as the tokenizer itself splits it (its normalizer then its pre-tokenizer: BERT's splits at
+    spaces, punctuation and each CJK character): the words, their character spans in the text, and each
+    word's sub-tokens, the very ones the whole text gets (so the model reads what `pipeline` feeds it).
+    A pre-token of whitespace alone (byte-level BPE's tab, newline or second space; SentencePiece's lone
+    ▁) is no word: its tokens follow the word before as context (before the first word: left out).
+    Whitespace a word's own pieces carry is left out of the word and its span."""
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    groups: dict[int, list[tuple[int, int, int]]] = {}
+    for token, word, offsets in zip(
+        encoded["input_ids"], encoded.word_ids(), encoded["offset_mapping"], strict=True
+    ):
+        groups.setdefault(-1 if word is None else word, []).append((token, *offsets))
+    words, spans, tokens = [], [], []
+    for _, group in sorted(groups.items()):
+        starts = [start for _, start, end in group if end > start]
+        piece = text[min(starts) : max(end for _, _, end in group)] if starts else ""
+        if not piece.strip():
+            if tokens:
+                tokens[-1] += [token for token, _, _ in group]
+            continue
+        start = min(starts) + len(piece) - len(piece.lstrip())
+        words.append(piece.strip())
+        spans.append((start, start + len(piece.strip())))
+        tokens.append([token for token, _, _ in group])
+    return words, spans, tokens
 
 
 def joined(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
@@ -123,26 +124,25 @@ def encode_splits(task, splits: dict, tokenizer, config) -> dict[str, Dataset]:
     label_ids = {name: i for i, name in enumerate(task.label_names)}
     inside = inside_of(task.label_names) if config.label_all_tokens else None
     unk = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else tokenizer.pad_token_id
-    shape = (prefix, suffix, room, stride_of(config), inside, unk)
+    shape = (prefix, suffix, room, stride_of(config), inside)
     spaced = spaces_words(tokenizer)
     encoded = {}
     for name, split in splits.items():
         columns = split.to_dict()
+        words, tags = columns.get("words"), None
         if name == "test":
             inputs = _test_inputs(columns, tokenizer)
             task.references[name] = inputs
-            words, tags = [i["words"] for i in inputs], None
-            task.counts[name]["words"] = sum(len(w) for w in words)
-            if spaced:  # the space before a word, where the text has one
-                words = [[" " * (s > 0 and i["text"][s - 1].isspace()) + w for w, (s, _) in
-                          zip(i["words"], i["spans"], strict=True)] for i in inputs]  # fmt: skip
+            task.counts[name]["words"] = sum(len(i["words"]) for i in inputs)
         else:
-            words, tags = columns["words"], columns["tags"]
-            task.references[name] = tags
-            tags = [[label_ids.get(tag, IGNORE) for tag in row] for row in tags]
-            if spaced:  # words separated by spaces, as in running text
-                words = [[" " * (n > 0) + w for n, w in enumerate(row)] for row in words]
-        encoded[name], windowed, windows = _encode(words, tags, tokenizer, shape)
+            task.references[name] = columns["tags"]
+            tags = [[label_ids.get(tag, IGNORE) for tag in row] for row in columns["tags"]]
+        if "text" in columns:  # raw text: each word's tokens as the whole text has them
+            tokens = [i.pop("tokens") for i in task.references[name]]
+        else:  # pre-split words, separated by spaces as in running text (for a BPE that adds none)
+            spaced_words = [[" " * (n > 0 and spaced) + w for n, w in enumerate(row)] for row in words]
+            tokens = _word_tokens(spaced_words, tokenizer, unk)
+        encoded[name], windowed, windows = _encode(tokens, tags, shape)
         if windowed:
             task.counts[name].update(windowed=windowed, windows=windows)
     return encoded
@@ -154,8 +154,8 @@ def _test_inputs(columns: dict, tokenizer) -> list[dict]:
     inputs = []
     if "text" in columns:
         for text in columns["text"]:
-            words, spans = split_text(tokenizer, text)
-            inputs.append({"words": words, "spans": spans, "text": text})
+            words, spans, tokens = split_text(tokenizer, text)
+            inputs.append({"words": words, "spans": spans, "text": text, "tokens": tokens})
     else:
         for words in columns["words"]:
             text, spans = joined(words)
@@ -163,42 +163,47 @@ def _test_inputs(columns: dict, tokenizer) -> list[dict]:
     return inputs
 
 
-def _encode(
-    words: list[list[str]], tags: list[list[int]] | None, tokenizer, shape
-) -> tuple[Dataset, int, int]:
-    """The windows of every sentence as a Dataset; the sentences windowed and their windows."""
-    prefix, suffix, room, stride, inside, unk = shape
-    out = {"input_ids": [], "word_index": [], "row": [], "length": []}
-    if tags is not None:
-        out["labels"] = []
-    windowed = windows = 0
+def _word_tokens(words: list[list[str]], tokenizer, unk: int) -> list[list[list[int]]]:
+    """Each sentence's words as their sub-tokens (a word no sub-token stands for: the unknown token)."""
+    out = []
     for begin in range(0, len(words), CHUNK):
         chunk = words[begin : begin + CHUNK]
         nonempty = [i for i, sentence in enumerate(chunk) if sentence]
         batch = tokenizer([chunk[i] for i in nonempty], is_split_into_words=True, add_special_tokens=False)
         tokens_of = {i: (batch["input_ids"][k], batch.word_ids(k)) for k, i in enumerate(nonempty)}
         for i, sentence in enumerate(chunk):
-            row = begin + i
             per_word = [[] for _ in sentence]
             ids, word_ids = tokens_of.get(i, ([], []))
             for token, word in zip(ids, word_ids, strict=True):
                 if word is not None:
                     per_word[word].append(token)
-            per_word = [tokens or [unk] for tokens in per_word]  # a word no sub-token stands for
-            spans = word_windows([len(t) for t in per_word], room, stride) if sentence else [(0, 0)]
-            scorer = scoring_windows(spans, len(sentence))
-            if len(spans) > 1:
-                windowed, windows = windowed + 1, windows + len(spans)
-            for number, span in enumerate(spans):
-                scored = [scorer[w] == number for w in range(*span)]
-                row_tags = None if tags is None else tags[row]
-                ids, labels, index = _window(per_word, row_tags, span, scored, prefix, suffix, room, inside)
-                out["input_ids"].append(ids)
-                out["word_index"].append(index)
-                out["row"].append(row)
-                out["length"].append(len(ids))
-                if tags is not None:
-                    out["labels"].append(labels)
+            out.append([tokens or [unk] for tokens in per_word])
+    return out
+
+
+def _encode(tokens: list[list[list[int]]], tags: list[list[int]] | None, shape) -> tuple[Dataset, int, int]:
+    """The windows of every sentence (given as each word's sub-tokens) as a Dataset; the sentences
+    windowed and their windows."""
+    prefix, suffix, room, stride, inside = shape
+    out = {"input_ids": [], "word_index": [], "row": [], "length": []}
+    if tags is not None:
+        out["labels"] = []
+    windowed = windows = 0
+    for row, per_word in enumerate(tokens):
+        spans = word_windows([len(t) for t in per_word], room, stride) if per_word else [(0, 0)]
+        scorer = scoring_windows(spans, len(per_word))
+        if len(spans) > 1:
+            windowed, windows = windowed + 1, windows + len(spans)
+        for number, span in enumerate(spans):
+            scored = [scorer[w] == number for w in range(*span)]
+            row_tags = None if tags is None else tags[row]
+            ids, labels, index = _window(per_word, row_tags, span, scored, prefix, suffix, room, inside)
+            out["input_ids"].append(ids)
+            out["word_index"].append(index)
+            out["row"].append(row)
+            out["length"].append(len(ids))
+            if tags is not None:
+                out["labels"].append(labels)
     return Dataset.from_dict(out), windowed, windows
 
 

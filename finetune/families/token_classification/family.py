@@ -115,13 +115,16 @@ class TokenClassification:
     def card_parts(self, config, task: TagTask) -> CardParts:
         model = config.hub_model_id or config.output_dir
         names = ", ".join(task.label_names[:12]) + (", ..." if len(task.label_names) > 12 else "")
-        if task.entity_tags:
+        if task.entity_tags and task.scheme != "BIOES":
             asked = (
                 'print(tag("John Smith lives in Paris."))  # entities: entity_group, score, word, start, end'
             )
             # "first": each word's tag from its first sub-token, as this model was trained and scored
             # ("simple" tags each sub-token alone, so a word of several can split).
             pipe = f'pipeline("token-classification", model="{model}", aggregation_strategy="first")'
+        elif task.entity_tags:  # the pipeline's grouping reads B-/I- alone: S-PER S-PER would be one entity
+            asked = 'print(tag("John Smith lives in Paris."))  # a BIOES tag per sub-token, as `entity`'
+            pipe = f'pipeline("token-classification", model="{model}")'
         else:
             asked = 'print(tag("The cat sat on the mat."))  # a tag per sub-token: entity, score, word'
             pipe = f'pipeline("token-classification", model="{model}")'

@@ -48,13 +48,15 @@ def read_conll(path: str, labelled: bool) -> Dataset:
     """A word and its tag per line (the first column the word, the last its tag, any between ignored:
     CoNLL-2003's POS and chunk columns), columns split by tabs (where a line has one) or spaces; blank
     lines (whitespace alone) between sentences; `-DOCSTART-` lines and `# ` comment lines (MultiCoNER's,
-    WNUT's ids) skipped. Every token line has as many columns as the first, and no empty word or tag. Test
-    files may hold words alone."""
+    WNUT's ids) skipped, though not the word `#` (`_comments`). Every token line has as many columns as the
+    first, and no empty word or tag. Test files may hold words alone."""
     words, tags, sentence, columns = [], [], [], None
-    for number, line in _lines(path):
-        if line.startswith("# "):
+    lines = list(_lines(path))
+    comments = _comments(lines)
+    for number, line in lines:
+        if number in comments:
             continue
-        fields = [f.strip() for f in line.split("\t")] if line.strip() and "\t" in line else line.split()
+        fields = _fields(line)
         if not fields or fields[0] == "-DOCSTART-":
             if sentence:
                 words.append([w for w, _ in sentence])
@@ -87,6 +89,25 @@ def read_conll(path: str, labelled: bool) -> Dataset:
     if not words:
         raise ConfigError(f"data file {path}: holds no sentence; give a word and its tag per line")
     return Dataset.from_dict({"words": words, "tags": tags} if labelled else {"words": words})
+
+
+def _fields(line: str) -> list[str]:
+    """A CoNLL line's columns: split by tabs where it has one, else by spaces."""
+    return [f.strip() for f in line.split("\t")] if line.strip() and "\t" in line else line.split()
+
+
+def _comments(lines: list[tuple[int, str]]) -> set[int]:
+    """The numbers of the comment lines: those starting `# `, except a token line of the word `#` (a
+    currency sign in CoNLL-2003 and OntoNotes text), which has the token lines' columns and ends in a tag
+    that another token line carries. A comment's last field is an id or `domain=en`, not a tag."""
+    tokens = [_fields(line) for _, line in lines if line.strip() and not line.startswith("# ")]
+    tokens = [fields for fields in tokens if fields[0] != "-DOCSTART-"]
+    columns, tags = (len(tokens[0]), {fields[-1] for fields in tokens}) if tokens else (0, set())
+    return {
+        number
+        for number, line in lines
+        if line.startswith("# ") and not (len(_fields(line)) == columns > 1 and _fields(line)[-1] in tags)
+    }
 
 
 def read_conllu(path: str, column: str, labelled: bool) -> Dataset:
@@ -152,12 +173,11 @@ def read_rows(dataset: Dataset, config, source: str, labelled: bool) -> tuple[Da
     --label_column): names, or ids read through --label_names or the column's ClassLabel names. A test
     split takes `tokens` or a raw `text` column. Returns the split and the columns read, for the task line."""
     columns = dataset.column_names
-    word_column = config.text_column_names[0] if config.text_column_names else None
-    if not labelled and word_column is None and "tokens" not in columns and "text" in columns:
+    word_column = config.text_column_names[0] if config.text_column_names else "tokens"
+    if not labelled and word_column not in columns and "text" in columns:
         texts = _column(dataset, "text")
         _check_texts(texts, source)
         return Dataset.from_dict({"text": texts}), "(raw text)"
-    word_column = word_column or "tokens"
     tag_column = None
     if labelled:
         named = config.label_column if config.label_column != "label" else None

@@ -145,25 +145,43 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
 
 
 def _label_names(config, labelled: dict) -> tuple[str, ...]:
-    """--label_names in their order; else the training tags sorted (O first); without training, the
-    model's own labels (a token classifier's id2label)."""
-    if config.label_names:
-        names = tuple(n.strip() for n in config.label_names.split(","))
-        if len(set(names)) != len(names) or not all(names):
-            raise ConfigError(
-                f"--label_names {config.label_names}: give distinct, non-empty names", flag="--label_names"
-            )
-        return names
+    """The tags in the order of the model's trained head when it tags these very names (a token
+    classifier's id2label: the head is kept); else --label_names in their order, or the training tags
+    sorted (O first). With nothing to train, a head that tags other names (or none) is refused: a new
+    head would be scored untrained."""
     own = model_labels(config.model_name_or_path, config.hub_options)
-    if "train" in labelled:
+    if config.label_names:
+        names = _listed_names(config)
+    elif "train" in labelled:
         names = label_order(tag for tags in labelled["train"] for tag in tags)
-        return own if own is not None and set(own) == set(names) else names  # the model's head kept
-    if own is None:
+    else:
+        names = own
+    if own is not None and set(own) == set(names):
+        return own
+    if "train" not in labelled:
+        model = f"--model_name_or_path {config.model_name_or_path}"
+        if own is None:
+            raise ConfigError(
+                f"{model} is not a token classifier and nothing trains, so its tagging head would be new and "
+                "untrained; train it (--do_train), or evaluate a tagging run's output_dir",
+                flag="--model_name_or_path",
+            )
         raise ConfigError(
-            f"--model_name_or_path {config.model_name_or_path} is not a token classifier and nothing trains, "
-            "so the run has no tags; give --label_names, or evaluate a tagging run's output_dir"
+            f"{model} tags {','.join(own)}; --label_names {config.label_names} names others, and nothing "
+            "trains a head for them; drop --label_names to evaluate with the model's own tags",
+            flag="--label_names",
+            fix="drop --label_names",
         )
-    return own
+    return names
+
+
+def _listed_names(config) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in config.label_names.split(","))
+    if len(set(names)) != len(names) or not all(names):
+        raise ConfigError(
+            f"--label_names {config.label_names}: give distinct, non-empty names", flag="--label_names"
+        )
+    return names
 
 
 def _scheme_of_model(config, label_names: tuple[str, ...]) -> str:
@@ -196,18 +214,20 @@ def _token_labels(model_config) -> tuple[str, ...] | None:
 
 
 def _class_weights(config, label_names: tuple[str, ...], train: list | None) -> tuple[float, ...] | None:
-    """--class_weights per label: a comma list in label order, or 'balanced' (sklearn's rule over the
-    training words' tags)."""
+    """--class_weights per label: a comma list in label order (--label_names' own, where given), or
+    'balanced' (sklearn's rule over the training words' tags)."""
     if config.class_weights is None:
         return None
     weights = config.listed_class_weights
     if weights is not None:
-        if len(weights) != len(label_names):
+        listed = _listed_names(config) if config.label_names else label_names
+        if len(weights) != len(listed):
             raise ConfigError(
                 f"--class_weights has {len(weights)} weights; give one per tag, in the order "
-                f"{','.join(label_names)}"
+                f"{','.join(listed)}"
             )
-        return weights
+        by_name = dict(zip(listed, weights, strict=True))
+        return tuple(by_name[name] for name in label_names)  # the head's order, where it was kept
     if train is None:
         return None  # only the training loss uses them
     index = {name: i for i, name in enumerate(label_names)}
