@@ -90,6 +90,9 @@ def test_a_sweep_minimises_eval_loss(chat, tmp_path):  # noqa: F811
         (("--long_documents", "sliding_window"), "--long_documents"),
         (("--chat_template", "no_such.jinja"), "--chat_template"),
         (("--gguf_file", "no_such.gguf"), "--gguf_file"),
+        (("--padding_free", "true"), "--padding_free"),  # classification's speed paths, asked by name
+        (("--dropout_kernel", "packed"), "--dropout_kernel"),
+        (("--cuda_graphs", "true"), "--cuda_graphs"),
     ],
 )
 def test_settings_a_causal_lm_cannot_honour_are_one_line(chat, tmp_path, extra, flag):  # noqa: F811

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from types import SimpleNamespace
 
 import pytest
 from datasets import Dataset, load_dataset
@@ -299,6 +300,13 @@ def test_a_template_error_is_refused_naming_the_row(chatml):
     assert "row 7 cannot be rendered by the chat template (Conversations start with the user)" in str(error)
 
 
+def test_a_template_that_fails_in_python_is_refused_naming_the_row(chatml):
+    """Not jinja's own TemplateError: a TypeError of the template's arithmetic (a string plus a number)."""
+    adds = "{% for m in messages %}{{ m['content'] + loop.index }}{% endfor %}"
+    error = refused(encode, {"messages": CONVERSATION}, "messages", with_template(chatml, adds))
+    assert "row 7 cannot be rendered by the chat template" in str(error) and error.flag == "--chat_template"
+
+
 def test_null_fields_that_datasets_adds_to_messages_are_not_rendered(tmp_path, chatml):
     named = (
         "{% for m in messages %}{% if m.name is defined %}[{{ m.name }}]{% endif %}"
@@ -334,6 +342,25 @@ def test_a_bos_adding_tokenizer_begins_a_prompt_completion_with_bos_not_a_target
     assert target_runs(llama3, encoded) == [f" yes{EOT}"]
 
 
+def test_a_tokenizer_that_appends_eos_ends_the_row_not_the_prompt(llama3):
+    """A post-processor that adds EOS after any text (add_eos_token): the prompt's tokens are its own
+    without that EOS, the row ends with one EOS, a target; generation prompts carry none either."""
+    from finetune.families.causal_lm.data import LmTask
+    from finetune.families.causal_lm.generation import encode_prompts
+
+    tokenizer = copy.deepcopy(llama3)
+    ends = [(BOS, tokenizer.bos_token_id), (EOT, tokenizer.eos_token_id)]
+    tokenizer._tokenizer.post_processor = TemplateProcessing(single=f"{BOS} $A {EOT}", special_tokens=ends)
+    encoded = encode({"prompt": "Q:", "completion": " yes"}, "prompt_completion", tokenizer)
+    assert target_runs(tokenizer, encoded) == [f" yes{EOT}"]
+    assert encoded.input_ids.count(tokenizer.eos_token_id) == 1
+    assert encoded.input_ids[0] == tokenizer.bos_token_id
+    test = {"test": Dataset.from_list([{"prompt": "Q:"}])}
+    config = SimpleNamespace(max_length=64, predict_with_generate=False)  # what encode_prompts reads
+    prompts = encode_prompts(LmTask("prompt_completion", ""), test, tokenizer, config, {"test": SOURCE})
+    assert prompts["test"].rows[0]["input_ids"] == tokenizer("Q:")["input_ids"][:-1]  # BOS and the prompt
+
+
 def test_a_prompt_whose_tokens_change_with_its_completion_is_refused(chatml):
     error = refused(encode, {"prompt": "Hello ", "completion": "world"}, "prompt_completion", chatml)
     assert "row 7 has a prompt whose tokens change when its completion is appended" in str(error)
@@ -358,3 +385,48 @@ def test_truncation_keeps_the_first_tokens_and_may_leave_no_target(chatml):
     assert cut.targets == 0  # the replies were past the cut: the caller drops the row
     exact = encode({"messages": CONVERSATION}, "messages", chatml, max_length=len(full.input_ids))
     assert not exact.truncated and exact == full
+
+
+@pytest.mark.parametrize(
+    ("completion_only", "assistant_only", "said"),
+    [
+        (True, True, "the completion's assistant turns through their end-of-turn token"),
+        (False, True, "assistant turns through their end-of-turn token"),
+        (True, False, "the completion, every token after the generation prompt"),
+        (False, False, "every token"),
+    ],
+)
+def test_the_task_line_says_what_both_flags_train_in_a_conversational_prompt_completion(
+    tmp_path, completion_only, assistant_only, said
+):
+    """What test_a_conversational_prompt_completion_trains_on_its_completion_only trains, in words."""
+    from finetune.config.train_config import TrainConfig
+    from finetune.families.causal_lm.data import load_lm_splits
+
+    path = tmp_path / SOURCE
+    path.write_text(json.dumps({"prompt": CONVERSATION[:4], "completion": CONVERSATION[4:]}) + "\n")
+    flags = {"completion_only_loss": completion_only, "assistant_only_loss": assistant_only}
+    config = TrainConfig(task_type="causal_lm", train_file=str(path), eval_strategy="no", **flags)
+    task, _ = load_lm_splits(config)
+    assert task.trained_on == f"{said} (the tokenizer's template)"
+
+
+def test_a_template_that_closes_turns_with_no_special_token_is_noted_on_the_task_line(tmp_path, chatml):
+    """ChatML closes a reply with <|im_end|>, a target that teaches the model to stop; a template that
+    writes "Assistant: ...\\n" has no such token: the run says so on its task line (and still trains)."""
+    import contextlib
+
+    from finetune.config.train_config import TrainConfig
+    from finetune.families.causal_lm.conversations import end_of_turn
+    from finetune.families.causal_lm.data import encode_splits, load_lm_splits
+
+    plain = with_template(chatml, "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    assert end_of_turn(chatml) == [chatml.convert_tokens_to_ids(IM_END)] and end_of_turn(plain) == []
+    path = tmp_path / SOURCE
+    path.write_text(json.dumps({"messages": CONVERSATION}) + "\n")
+    config = TrainConfig(task_type="causal_lm", train_file=str(path), eval_strategy="no")
+    one_process = SimpleNamespace(main_process_first=contextlib.nullcontext)
+    for tokenizer, noted in ((chatml, False), (plain, True)):
+        task, splits = load_lm_splits(config)
+        encode_splits(task, splits, tokenizer, config, one_process)
+        assert ("no target teaches the model to stop" in task.summary()) == noted, task.summary()

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jinja2 import TemplateError
-
 from finetune.errors import shorten
 from finetune.families.causal_lm.rows import refusal
 
@@ -93,6 +91,7 @@ def _prompt_completion(prompt: str, completion: str, tokenizer, completion_only_
     with the completion appended (for the ids), with the tokenizer's own special tokens (a BOS). The
     prompt's tokens must begin the whole's, or its last ones would be cut or trained on."""
     prompt_ids = tokenizer(prompt)["input_ids"]
+    prompt_ids = prompt_ids[: len(prompt_ids) - len(appended_tokens(tokenizer))]  # an EOS it adds: not here
     ids = tokenizer(prompt + completion)["input_ids"]
     if ids[: len(prompt_ids)] != prompt_ids:
         raise refuse(
@@ -104,6 +103,37 @@ def _prompt_completion(prompt: str, completion: str, tokenizer, completion_only_
     if not completion_only_loss:
         return ids, list(ids)
     return ids, [IGNORE] * len(prompt_ids) + ids[len(prompt_ids) :]
+
+
+def appended_tokens(tokenizer) -> list[int]:
+    """The special tokens the tokenizer puts after any text (an EOS where add_eos_token is set, as its
+    post-processor says; none for most decoders)."""
+    plain = tokenizer("a", add_special_tokens=False)["input_ids"]
+    added = tokenizer("a")["input_ids"]
+    for start in range(len(added) - len(plain) + 1):
+        if added[start : start + len(plain)] == plain:
+            return added[start + len(plain) :]
+    return []
+
+
+def end_of_turn(tokenizer) -> list[int]:
+    """The token the chat template closes an assistant turn with, where it is a special token (ChatML's
+    <|im_end|>, Llama 3's <|eot_id|>, Gemma's <end_of_turn>); none without a template, or where a turn
+    ends in plain text."""
+    probe = "finetune-probe"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": probe}], tokenize=False
+        )
+    except Exception:  # no template, or one that asks for more (jinja, or the template's own Python)
+        return []
+    after = text.rsplit(probe, 1)[1] if probe in text else ""
+    for token in tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []:
+        if tokenizer.decode([token]).strip():  # the first that is not whitespace
+            added = tokenizer.added_tokens_decoder.get(token)
+            special = token in tokenizer.all_special_ids or getattr(added, "special", False)
+            return [token] if special else []
+    return []
 
 
 def _conversation(
@@ -124,8 +154,8 @@ def _conversation(
             return tokenizer.apply_chat_template(
                 turns, tokenize=False, add_generation_prompt=add_generation_prompt
             )
-        except TemplateError as error:
-            reason = shorten(" ".join(str(error).split()), 120)
+        except Exception as error:  # jinja's TemplateError, or a TypeError of the template's own (str + int)
+            reason = shorten(" ".join(str(error).split()) or type(error).__name__, 120)
             raise refuse(
                 f"cannot be rendered by the chat template ({reason})",
                 f"fix the row, or {TEMPLATE_FIX} that renders it",

@@ -15,7 +15,7 @@ from datasets import Dataset
 from finetune.data.sources import load_data_file, load_dataset_splits
 from finetune.data.tokenization import tokenizer_state
 from finetune.errors import ConfigError
-from finetune.families.causal_lm.conversations import IGNORE, encode_row
+from finetune.families.causal_lm.conversations import IGNORE, encode_row, end_of_turn
 from finetune.families.causal_lm.generation import check_prompts
 from finetune.families.causal_lm.rows import check_rows, detect_format
 
@@ -42,6 +42,8 @@ class LmTask:
     counts: dict = field(default_factory=dict)
     """Per split, filled by `encode_splits`: rows kept, truncated, dropped (no target token left); with
     --packing, the training split's packs, their capacity and fill."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know about the targets, filled by `encode_splits` (the task line's end)."""
 
     def metric_keys(self, per_class: bool = True) -> list[str]:
         return [f"eval_{metric}" for metric in self.metrics]
@@ -49,7 +51,8 @@ class LmTask:
     def summary(self) -> str:
         """The run's task line: the format, what is trained, and each split's rows as encoded."""
         splits = "; ".join(f"{name} {c['rows']:,} rows{_notes(c)}" for name, c in self.counts.items())
-        return f"task: causal_lm, {FORMAT_WORDS[self.format]}, loss on {self.trained_on}; {splits}"
+        notes = "".join(f"; {note}" for note in self.notes)
+        return f"task: causal_lm, {FORMAT_WORDS[self.format]}, loss on {self.trained_on}; {splits}{notes}"
 
 
 def _notes(counts: dict) -> str:
@@ -119,15 +122,19 @@ def _conversational(fmt: str, split: Dataset) -> str:
 
 
 def _trained_on(fmt: str, config) -> str:
+    """The targets, as conversations.encode_row picks them from both flags, for the task line and card."""
     if fmt == "text":
         return "every token"
     if fmt == "prompt_completion":
         return "the completion and its EOS" if config.completion_only_loss else "every token"
     template = f"chat template {config.chat_template}" if config.chat_template else "the tokenizer's template"
-    if not config.assistant_only_loss:
-        return f"every token ({template})"
-    where = "the completion's assistant turns" if fmt.startswith("conversational") else "assistant turns"
-    return f"{where} through their end-of-turn token ({template})"
+    completion = fmt.startswith("conversational") and config.completion_only_loss
+    if config.assistant_only_loss:
+        where = "the completion's assistant turns" if completion else "assistant turns"
+        return f"{where} through their end-of-turn token ({template})"
+    if completion:
+        return f"the completion, every token after the generation prompt ({template})"
+    return f"every token ({template})"
 
 
 def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) -> dict[str, Dataset]:
@@ -148,6 +155,11 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
         tokenizer.all_special_ids,
     )
     decides = (fmt, options, tokenizer_state(tokenizer), tokenizer.chat_template, specials)
+    if task.format in ("messages", "conversational_prompt_completion") and not end_of_turn(tokenizer):
+        task.notes.append(
+            "note: the chat template closes an assistant turn with no special token (an end-of-turn or "
+            "EOS), so no target teaches the model to stop; give --chat_template FILE.jinja with one"
+        )
 
     def encode(batch, rows, source):
         encoded = {"input_ids": [], "labels": [], "length": [], "truncated": [], "targets": [], "row": []}

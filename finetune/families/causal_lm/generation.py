@@ -19,14 +19,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from accelerate.utils import DistributedType
-from jinja2 import TemplateError
 from torch.utils.data import DataLoader, Dataset
 from transformers import GenerationConfig
 
 from finetune.config.resolved import eval_batch_size
 from finetune.data.batching import bucket, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError, shorten
-from finetune.families.causal_lm.conversations import TEMPLATE_FIX
+from finetune.families.causal_lm.conversations import TEMPLATE_FIX, appended_tokens, end_of_turn
 from finetune.families.causal_lm.rows import check_messages, check_rows, check_string, refusal
 from finetune.training.evaluation import EvaluationAbandoned
 
@@ -95,7 +94,7 @@ def prepare_generation(model, tokenizer, config) -> None:
             f"{config.generation_max_new_tokens} exceed the model's {positions} positions; lower either"
         )
     before = getattr(model, "generation_config", None)
-    stops = [tokenizer.eos_token_id, *_end_of_turn(tokenizer), *_ids(getattr(before, "eos_token_id", None))]
+    stops = [tokenizer.eos_token_id, *end_of_turn(tokenizer), *_ids(getattr(before, "eos_token_id", None))]
     stops = list(dict.fromkeys(stops))
     bos = getattr(before, "bos_token_id", None)
     model.generation_config = GenerationConfig(
@@ -111,26 +110,6 @@ def prepare_generation(model, tokenizer, config) -> None:
 
 def _ids(value) -> list[int]:
     return [] if value is None else [value] if isinstance(value, int) else list(value)
-
-
-def _end_of_turn(tokenizer) -> list[int]:
-    """The token the chat template closes an assistant turn with, where it is a special token (ChatML's
-    <|im_end|>, Llama 3's <|eot_id|>, Gemma's <end_of_turn>); none without a template, or where a turn
-    ends in plain text."""
-    probe = "finetune-probe"
-    try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": probe}], tokenize=False
-        )
-    except (TemplateError, ValueError, TypeError):  # no template, or one that asks for more
-        return []
-    after = text.rsplit(probe, 1)[1] if probe in text else ""
-    for token in tokenizer(after, add_special_tokens=False)["input_ids"] if after.strip() else []:
-        if tokenizer.decode([token]).strip():  # the first that is not whitespace
-            added = tokenizer.added_tokens_decoder.get(token)
-            special = token in tokenizer.all_special_ids or getattr(added, "special", False)
-            return [token] if special else []
-    return []
 
 
 @dataclass
@@ -170,11 +149,12 @@ def encode_prompts(task, splits: dict, tokenizer, config, sources: dict) -> dict
 
 
 def _encode(split, fmt: str, tokenizer, max_length: int, source: str, references: bool) -> Prompts:
-    rows, refs, truncated = [], [], 0
+    rows, refs, truncated, appended = [], [], 0, appended_tokens(tokenizer)
     for number, row in enumerate(split):
         refuse = functools.partial(refusal, source, number)  # (what, fix): the row's one-line error
-        if fmt == "prompt_completion":  # as training tokenizes a prompt: with the tokenizer's BOS
+        if fmt == "prompt_completion":  # as training tokenizes a prompt: with the tokenizer's BOS, no EOS
             ids, reference = tokenizer(row["prompt"])["input_ids"], row.get("completion")
+            ids = ids[: len(ids) - len(appended)]
         else:
             messages, reference = _prompt_messages(row, fmt, references, refuse)
             ids = tokenizer(_render(messages, tokenizer, refuse), add_special_tokens=False)["input_ids"]
@@ -214,8 +194,8 @@ def _render(messages: list[dict], tokenizer, refuse) -> str:
     messages = [{key: value for key, value in m.items() if value is not None} for m in messages]
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except TemplateError as error:
-        reason = shorten(" ".join(str(error).split()), 120)
+    except Exception as error:  # jinja's TemplateError, or a TypeError of the template's own (str + int)
+        reason = shorten(" ".join(str(error).split()) or type(error).__name__, 120)
         raise refuse(f"cannot be rendered by the chat template ({reason})", TEMPLATE_FIX) from None
 
 
