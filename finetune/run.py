@@ -327,6 +327,7 @@ def execute(run: Run) -> dict:
     if run.test_loader is not None:
         predictions = run.family.predict(accelerator, run.model, run.test_loader, task, run.rows["test"])
         results["predict_samples"] = len(predictions)
+    results["task"] = task.summary()  # the rows as read: kept, truncated, dropped (no target), and notes
     results.update(describe_runtime(accelerator))
     results.update(parameter_counts(accelerator.unwrap_model(run.model)))
     # Collective: DDP keeps replicas equal by construction; this proves it for this run.

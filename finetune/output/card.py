@@ -126,6 +126,7 @@ def write_model_card(
         "",
         *(f"- {name} data: `{source}`" for name, source in data.items() if source),
         f"- rows: {', '.join(f'{name} {n:,}' for name, n in data_rows.items())}",
+        *([f"- as read: {'; '.join(results['task'].splitlines())}"] if results.get("task") else []),
         f"- steps: {results.get('global_step')} optimizer steps, {results.get('epoch')} epochs"
         + (" (stopped early)" if results.get("stopped_early") else ""),
         *_exported_model_line(config, results),

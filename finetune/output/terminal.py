@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task, eval_key
 from finetune.speed.hardware import cpu_class
@@ -18,6 +20,10 @@ def quiet_libraries() -> None:
     import transformers
 
     datasets.disable_progress_bars()
+    # Accelerate's "Removed shared tensor {'lm_head.weight'} while saving" at each checkpoint of a model
+    # with tied embeddings (SmolLM2, GPT-2): safetensors keeps one of two tied tensors, and loading ties
+    # them again (resume is tested bitwise).
+    logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     # ... which also silences huggingface_hub's: a first download of a model shows its progress again.

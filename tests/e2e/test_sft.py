@@ -152,9 +152,9 @@ def test_a_packed_update_is_the_same_mean_over_every_target_token(chat, tmp_path
     tokens = sum(sum(pack) for pack in packs)
     assert tokens > 256 * (len(packs) - 1)  # as few packs as the tokens need
     fill = f"{tokens / (256 * len(packs)):.0%}"
-    assert f"train 24 rows, packed into {len(packs)} sequences of up to 256 tokens, {fill} filled" in (
-        capsys.readouterr().out
-    )
+    said = f"train 24 rows, packed into {len(packs)} sequences of up to 256 tokens, {fill} filled"
+    assert said in capsys.readouterr().out
+    assert said in results["task"] and said in (out / "README.md").read_text()  # the task line, kept
     update = first_update(out)
     loss, norm = reference_loss_and_norm(chat, max_length=256)
     assert update["loss"] == pytest.approx(loss, rel=1e-5)
