@@ -430,3 +430,47 @@ def test_a_template_that_closes_turns_with_no_special_token_is_noted_on_the_task
         task, splits = load_lm_splits(config)
         encode_splits(task, splits, tokenizer, config, one_process)
         assert ("no target teaches the model to stop" in task.summary()) == noted, task.summary()
+
+
+TOOLS_CHATML = (
+    "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls is defined %}"
+    "{% for c in m.tool_calls %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}"
+    "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+"""ChatML that writes the row's tools into a system turn and an assistant's tool calls as <tool_call>s."""
+
+
+def test_a_tool_calling_conversation_trains_on_its_calls_with_its_tools_in_the_prompt(tmp_path, chatml):
+    """OpenAI's and transformers' form: an assistant turn of `tool_calls` with null content, a `tool`
+    turn, and the row's `tools` (TRL's column) given to the template; read by `datasets`, whose nulls (a
+    row without tools, a message without calls) are not rendered. The calls and the final reply train."""
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}  # fmt: skip
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    calling = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "content": "18C"},
+               {"role": "assistant", "content": "It is 18C."}]  # fmt: skip
+    rows = read(tmp_path, [{"messages": calling, "tools": [weather]}, {"messages": CONVERSATION}])
+    check_rows(rows, "messages", SOURCE)
+    tokenizer = with_template(chatml, TOOLS_CHATML)
+    with_tools, plain = (encode(row, "messages", tokenizer) for row in rows)
+    runs = target_runs(tokenizer, with_tools)
+    assert runs[0].startswith("<tool_call>") and '"Paris"' in runs[0] and runs[0].endswith(IM_END)
+    assert runs[1:] == [f"It is 18C.{IM_END}"]
+    text = tokenizer.decode(with_tools.input_ids)
+    assert text.startswith("<|im_start|>system\nTools: ") and "get_weather" in text and "null" not in text
+    assert "Tools:" not in tokenizer.decode(plain.input_ids)  # a row without tools: none rendered
+    from finetune.families.causal_lm.data import LmTask
+    from finetune.families.causal_lm.generation import encode_prompts
+
+    test = {"test": read(tmp_path, [{"messages": calling[:1], "tools": [weather]}])}
+    config = SimpleNamespace(max_length=512, predict_with_generate=False)
+    prompts = encode_prompts(LmTask("messages", ""), test, tokenizer, config, {"test": SOURCE})
+    asked = tokenizer.decode(prompts["test"].rows[0]["input_ids"])  # what --do_predict generates from
+    assert asked.startswith("<|im_start|>system\nTools: ") and asked.endswith("<|im_start|>assistant\n")
+    bad = read(tmp_path, [{"messages": [{"role": "user", "content": "Hi"}, {**REPLY, "tool_calls": "f()"}]}])
+    with pytest.raises(ConfigError, match="has tool_calls that are not a list of calls"):
+        check_rows(bad, "messages", SOURCE)

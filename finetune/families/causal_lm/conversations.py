@@ -10,6 +10,7 @@ silently on the wrong tokens, or on none."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from finetune.errors import shorten
@@ -20,6 +21,7 @@ IGNORE = -100
 
 EVERY_TOKEN = "--assistant_only_loss false"
 TEMPLATE_FIX = "give --chat_template FILE.jinja"
+TOOLS_FIX = "write tools as a JSON list of function schemas"
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,40 @@ def encode_row(
         else:  # conversational prompt-completion: the prompt's turns are context, never targets
             messages = row["prompt"] + row["completion"]
             prompt_turns = len(row["prompt"]) if completion_only_loss else None
-        ids, labels = _conversation(messages, prompt_turns, tokenizer, assistant_only_loss, refuse)
+        tools = row_tools(row, refuse)
+        ids, labels = _conversation(messages, prompt_turns, tokenizer, assistant_only_loss, refuse, tools)
     return Encoded(ids[:max_length], labels[:max_length], truncated=len(ids) > max_length)
+
+
+def without_nulls(value):
+    """`value` less the null fields `datasets` adds: it gives every message (and nested call) every field
+    that any of the column's has, null where it had none, and a template asking `is defined` would render
+    them."""
+    if isinstance(value, dict):
+        return {key: without_nulls(v) for key, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
+
+
+def row_tools(row: dict, refuse) -> list | None:
+    """A conversation's `tools` column (TRL's: the function schemas the chat template writes into the
+    prompt), as JSON objects or a JSON string; None without one."""
+    tools = row.get("tools")
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            raise refuse(
+                "has a tools cell that is not JSON", "write tools as a JSON list of schemas"
+            ) from None
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
+        raise refuse(
+            "has a tools cell that is not a list of schemas", "write tools as a JSON list of schemas"
+        )
+    return without_nulls(tools)
 
 
 def _ending_with_eos(ids: list[int], tokenizer, refuse) -> list[int]:
@@ -137,7 +171,7 @@ def end_of_turn(tokenizer) -> list[int]:
 
 
 def _conversation(
-    messages: list[dict], prompt_turns: int | None, tokenizer, assistant_only_loss: bool, refuse
+    messages: list[dict], prompt_turns: int | None, tokenizer, assistant_only_loss: bool, refuse, tools=None
 ):
     """The conversation rendered by the chat template and tokenized once, with no special tokens added
     (the template writes its own). Targets: the assistant turns, those of the completion only where
@@ -145,14 +179,12 @@ def _conversation(
     after the generation prompt, or of the conversation where no prompt is given."""
     if not getattr(tokenizer, "chat_template", None):
         raise refuse("is a conversation, but the tokenizer has no chat template", TEMPLATE_FIX)
-    # A message's null fields are not the row's: `datasets` fills a field that some messages have with
-    # null in the others, and a template asking `is defined` would render them.
-    messages = [{key: value for key, value in m.items() if value is not None} for m in messages]
+    messages = without_nulls(messages)
 
     def render(turns: list[dict], add_generation_prompt: bool = False) -> str:
         try:
             return tokenizer.apply_chat_template(
-                turns, tokenize=False, add_generation_prompt=add_generation_prompt
+                turns, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
             )
         except Exception as error:  # jinja's TemplateError, or a TypeError of the template's own (str + int)
             reason = shorten(" ".join(str(error).split()) or type(error).__name__, 120)

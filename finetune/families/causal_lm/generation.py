@@ -25,7 +25,13 @@ from transformers import GenerationConfig
 from finetune.config.resolved import eval_batch_size
 from finetune.data.batching import bucket, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError, shorten
-from finetune.families.causal_lm.conversations import TEMPLATE_FIX, appended_tokens, end_of_turn
+from finetune.families.causal_lm.conversations import (
+    TEMPLATE_FIX,
+    appended_tokens,
+    end_of_turn,
+    row_tools,
+    without_nulls,
+)
 from finetune.families.causal_lm.rows import check_messages, check_rows, check_string, refusal
 from finetune.training.evaluation import EvaluationAbandoned
 
@@ -157,7 +163,8 @@ def _encode(split, fmt: str, tokenizer, max_length: int, source: str, references
             ids = ids[: len(ids) - len(appended)]
         else:
             messages, reference = _prompt_messages(row, fmt, references, refuse)
-            ids = tokenizer(_render(messages, tokenizer, refuse), add_special_tokens=False)["input_ids"]
+            text = _render(messages, tokenizer, refuse, row_tools(row, refuse))
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not ids:
             raise refuse("has an empty prompt, nothing to generate from", "give it a prompt, or drop the row")
         truncated += len(ids) > max_length
@@ -187,13 +194,15 @@ def _prompt_messages(row: dict, fmt: str, evaluated: bool, refuse) -> tuple[list
     return messages[:last], messages[last]["content"] if last < len(messages) else None
 
 
-def _render(messages: list[dict], tokenizer, refuse) -> str:
-    """The messages with the generation prompt, by the chat template (null fields dropped, as training's)."""
+def _render(messages: list[dict], tokenizer, refuse, tools: list | None) -> str:
+    """The messages with the generation prompt, by the chat template (null fields dropped, and the row's
+    tools, as training's)."""
     if not getattr(tokenizer, "chat_template", None):
         raise refuse("is a conversation, but the tokenizer has no chat template", TEMPLATE_FIX)
-    messages = [{key: value for key, value in m.items() if value is not None} for m in messages]
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            without_nulls(messages), tools=tools, tokenize=False, add_generation_prompt=True
+        )
     except Exception as error:  # jinja's TemplateError, or a TypeError of the template's own (str + int)
         reason = shorten(" ".join(str(error).split()) or type(error).__name__, 120)
         raise refuse(f"cannot be rendered by the chat template ({reason})", TEMPLATE_FIX) from None

@@ -120,7 +120,8 @@ def _check_prompt_completion(prompt, completion, number: int, source: str) -> bo
 
 def check_messages(messages, column: str, number: int, source: str) -> None:
     """A list of {"role", "content"} objects: a known role, string content, and no assistant turn that is
-    blank (a target of whitespace would teach the model to answer with nothing)."""
+    blank (a target of whitespace would teach the model to answer with nothing) unless it calls tools
+    (OpenAI's and transformers' `tool_calls`, with empty or null content: the template renders the calls)."""
     if messages is None:
         raise refusal(source, number, f"has no {column} (null)", f"give it its {column}, or drop the row")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -134,6 +135,16 @@ def check_messages(messages, column: str, number: int, source: str) -> None:
         raise refusal(source, number, f"has an empty {column} list", f"give it its {column}, or drop the row")
     for index, message in enumerate(messages):
         where = f"{column}[{index}]"
+        calls = message.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and calls):
+            raise refusal(
+                source,
+                number,
+                f"has tool_calls that are not a list of calls ({where})",
+                'write them as [{"type": "function", "function": {"name": ..., "arguments": ...}}]',
+            )
+        if calls and message.get("content") is None:  # OpenAI's tool-calling turn: the calls are the reply
+            message = {**message, "content": ""}
         for key in ("role", "content"):
             if message.get(key) is None:
                 raise refusal(
@@ -157,7 +168,7 @@ def check_messages(messages, column: str, number: int, source: str) -> None:
                 f"has a message whose content is not a string ({where}: {type(content).__name__})",
                 "write every message's content as a string",
             )
-        if role == "assistant" and not content.strip():
+        if role == "assistant" and not content.strip() and not calls:
             raise refusal(
                 source,
                 number,
