@@ -24,6 +24,9 @@ def quiet_libraries() -> None:
     # with tied embeddings (SmolLM2, GPT-2): safetensors keeps one of two tied tensors, and loading ties
     # them again (resume is tested bitwise).
     logging.getLogger("accelerate.utils.other").setLevel(logging.ERROR)
+    # datasets' "Failed to load JSON from file ..." before the one line that names the bad line and its fix
+    # (data/sources.py load_data_file).
+    logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     # ... which also silences huggingface_hub's: a first download of a model shows its progress again.

@@ -343,11 +343,15 @@ def test_resume_with_another_model(tiny_model_dir, nli_files, finished, tmp_path
 
 @pytest.mark.subprocess
 def test_a_fresh_process_prints_one_line_and_no_traceback(good, finished, tmp_path, capsys):
-    """From the command line: a data error found deep in loading, and a refused flag."""
-    bad_labels = write(tmp_path / "l.jsonl", '{"premise": "a", "hypothesis": "b", "label": "maybe"}\n')
-    fails_cleanly_in_a_process(
-        [*ENTRY, *with_flag(good, "--train_file", bad_labels)], finished, "label value(s) 'maybe'"
-    )
+    """From the command line: a data error found deep in loading (a malformed JSON line, which datasets
+    also logs on its own: silenced, the run's line is the only one), and a refused flag."""
+    bad = write(tmp_path / "m.jsonl", GOOD_ROW + '{"premise": broken\n')
+    before = snapshot(finished)
+    done = run_cli([*ENTRY, *with_flag(good, "--train_file", bad)])
+    assert done.returncode == 2 and snapshot(finished) == before
+    assert done.stderr.strip().splitlines() == [
+        f"error: data file {bad}: line 2 is not valid JSON; fix it to hold one JSON object per line"
+    ]
     assert cli([*good, "--lr", "1"]) == 2  # refused while parsing: in this process
     assert capsys.readouterr().err.strip() == "error: unknown argument(s) --lr 1; see --help for the flags"
 
