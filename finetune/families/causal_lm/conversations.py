@@ -50,12 +50,14 @@ def encode_row(
     assistant_only_loss: bool = True,
     row_number: int,
     source: str,
+    appended: list[int] | None = None,
 ) -> Encoded:
     """`row`, checked by check_rows as a row of `fmt`, as token ids and labels, cut to `max_length` tokens.
 
     completion_only_loss: a prompt-completion row trains on its completion only (else on every token).
     assistant_only_loss: a conversation trains on its assistant turns only (else on every token); one
-    without an assistant turn (in its completion, for a conversational prompt-completion) is refused."""
+    without an assistant turn (in its completion, for a conversational prompt-completion) is refused.
+    appended: `appended_tokens(tokenizer)`, where the caller encodes many rows (found here when None)."""
 
     def refuse(what: str, fix: str):
         return refusal(source, row_number, what, fix)
@@ -64,8 +66,9 @@ def encode_row(
         ids = _ending_with_eos(tokenizer(row["text"])["input_ids"], tokenizer, refuse)
         labels = list(ids)
     elif fmt == "prompt_completion" and isinstance(row["prompt"], str):
+        appended = appended_tokens(tokenizer) if appended is None else appended
         ids, labels = _prompt_completion(
-            row["prompt"], row["completion"], tokenizer, completion_only_loss, refuse
+            row["prompt"], row["completion"], tokenizer, completion_only_loss, refuse, appended
         )
     else:
         if fmt == "messages":
@@ -120,12 +123,14 @@ def _ending_with_eos(ids: list[int], tokenizer, refuse) -> list[int]:
     return ids if ids and ids[-1] == eos else [*ids, eos]
 
 
-def _prompt_completion(prompt: str, completion: str, tokenizer, completion_only_loss: bool, refuse):
+def _prompt_completion(
+    prompt: str, completion: str, tokenizer, completion_only_loss: bool, refuse, appended: list[int]
+):
     """The prompt, the completion and EOS, tokenized as TRL does: the prompt alone (for its length) and
     with the completion appended (for the ids), with the tokenizer's own special tokens (a BOS). The
     prompt's tokens must begin the whole's, or its last ones would be cut or trained on."""
     prompt_ids = tokenizer(prompt)["input_ids"]
-    prompt_ids = prompt_ids[: len(prompt_ids) - len(appended_tokens(tokenizer))]  # an EOS it adds: not here
+    prompt_ids = prompt_ids[: len(prompt_ids) - len(appended)]  # an EOS the tokenizer adds ends no prompt
     ids = tokenizer(prompt + completion)["input_ids"]
     if ids[: len(prompt_ids)] != prompt_ids:
         raise refuse(

@@ -15,7 +15,7 @@ from datasets import Dataset
 from finetune.data.sources import load_data_file, load_dataset_splits
 from finetune.data.tokenization import tokenizer_state
 from finetune.errors import ConfigError
-from finetune.families.causal_lm.conversations import IGNORE, encode_row, end_of_turn
+from finetune.families.causal_lm.conversations import IGNORE, appended_tokens, encode_row, end_of_turn
 from finetune.families.causal_lm.generation import check_prompts
 from finetune.families.causal_lm.rows import check_rows, detect_format
 
@@ -161,11 +161,15 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
             "EOS), so no target teaches the model to stop; give --chat_template FILE.jinja with one"
         )
 
+    appended = appended_tokens(tokenizer)  # once, not per row
+
     def encode(batch, rows, source):
         encoded = {"input_ids": [], "labels": [], "length": [], "truncated": [], "targets": [], "row": []}
         for i, row_number in enumerate(rows):
             row = {column: values[i] for column, values in batch.items()}
-            done = encode_row(row, fmt, tokenizer, **options, row_number=row_number, source=source)
+            done = encode_row(
+                row, fmt, tokenizer, **options, row_number=row_number, source=source, appended=appended
+            )
             encoded["input_ids"].append(done.input_ids)
             encoded["labels"].append(done.labels)
             encoded["length"].append(len(done.input_ids))
