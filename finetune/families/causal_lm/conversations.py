@@ -100,15 +100,11 @@ def row_tools(row: dict, refuse) -> list | None:
         try:
             tools = json.loads(tools)
         except ValueError:
-            raise refuse(
-                "has a tools cell that is not JSON", "write tools as a JSON list of schemas"
-            ) from None
+            raise refuse("has a tools cell that is not JSON", TOOLS_FIX) from None
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
-        raise refuse(
-            "has a tools cell that is not a list of schemas", "write tools as a JSON list of schemas"
-        )
+        raise refuse("has a tools cell that is not a list of schemas", TOOLS_FIX)
     return without_nulls(tools)
 
 
@@ -175,6 +171,22 @@ def end_of_turn(tokenizer) -> list[int]:
     return []
 
 
+def render_chat(tokenizer, messages: list[dict], tools, add_generation_prompt: bool, refuse, fix=None) -> str:
+    """`messages` (null fields dropped) and the row's `tools` as the chat template renders them; a row it
+    cannot render (jinja's TemplateError, or a Python error of the template's own, such as str + int) is
+    refused in one line, with `fix` (default: fix the row, or another template)."""
+    try:
+        return tokenizer.apply_chat_template(
+            without_nulls(messages), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+    except Exception as error:
+        reason = shorten(" ".join(str(error).split()) or type(error).__name__, 120)
+        raise refuse(
+            f"cannot be rendered by the chat template ({reason})",
+            fix or f"fix the row, or {TEMPLATE_FIX} that renders it",
+        ) from None
+
+
 def _conversation(
     messages: list[dict], prompt_turns: int | None, tokenizer, assistant_only_loss: bool, refuse, tools=None
 ):
@@ -184,19 +196,9 @@ def _conversation(
     after the generation prompt, or of the conversation where no prompt is given."""
     if not getattr(tokenizer, "chat_template", None):
         raise refuse("is a conversation, but the tokenizer has no chat template", TEMPLATE_FIX)
-    messages = without_nulls(messages)
 
     def render(turns: list[dict], add_generation_prompt: bool = False) -> str:
-        try:
-            return tokenizer.apply_chat_template(
-                turns, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
-        except Exception as error:  # jinja's TemplateError, or a TypeError of the template's own (str + int)
-            reason = shorten(" ".join(str(error).split()) or type(error).__name__, 120)
-            raise refuse(
-                f"cannot be rendered by the chat template ({reason})",
-                f"fix the row, or {TEMPLATE_FIX} that renders it",
-            ) from None
+        return render_chat(tokenizer, turns, tools, add_generation_prompt, refuse)
 
     full = render(messages)
     if not assistant_only_loss and prompt_turns is None:

@@ -24,13 +24,13 @@ from transformers import GenerationConfig
 
 from finetune.config.resolved import eval_batch_size
 from finetune.data.batching import bucket, resolve_pad_to_multiple_of
-from finetune.errors import ConfigError, shorten
+from finetune.errors import ConfigError
 from finetune.families.causal_lm.conversations import (
     TEMPLATE_FIX,
     appended_tokens,
     end_of_turn,
+    render_chat,
     row_tools,
-    without_nulls,
 )
 from finetune.families.causal_lm.rows import check_messages, check_rows, check_string, refusal
 from finetune.training.evaluation import EvaluationAbandoned
@@ -199,13 +199,7 @@ def _render(messages: list[dict], tokenizer, refuse, tools: list | None) -> str:
     tools, as training's)."""
     if not getattr(tokenizer, "chat_template", None):
         raise refuse("is a conversation, but the tokenizer has no chat template", TEMPLATE_FIX)
-    try:
-        return tokenizer.apply_chat_template(
-            without_nulls(messages), tools=tools, tokenize=False, add_generation_prompt=True
-        )
-    except Exception as error:  # jinja's TemplateError, or a TypeError of the template's own (str + int)
-        reason = shorten(" ".join(str(error).split()) or type(error).__name__, 120)
-        raise refuse(f"cannot be rendered by the chat template ({reason})", TEMPLATE_FIX) from None
+    return render_chat(tokenizer, messages, tools, True, refuse, fix=TEMPLATE_FIX)
 
 
 def left_padded(features: list[dict], pad_token_id: int, multiple: int = 1) -> dict[str, torch.Tensor]:
