@@ -52,6 +52,37 @@ def run_warm(
     return done
 
 
+def run_warm_apart(
+    commands: list[tuple[str, list[str], dict]], timeout: float = 300
+) -> list[subprocess.CompletedProcess]:
+    """Several `python script *argv` started together, each (script, argv, env) with `env` added to this
+    process's environment and with output of its own, as separate commands in separate shells: none
+    stops another. Each one's result as run_warm returns it."""
+    runs = []
+    for script, argv, env in commands:
+        logs = _logs()
+        process = _context().Process(target=_process, args=({**os.environ, **env}, script, argv, logs, None))
+        runs.append((process, logs, [script, *argv]))
+    try:
+        for process, _, _ in runs:
+            process.start()
+        deadline = time.monotonic() + timeout
+        for process, _, command in runs:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.exitcode is None:
+                raise AssertionError(f"timed out after {timeout} s: {' '.join(command)}")
+    finally:
+        for process, _, _ in runs:
+            if process.pid is not None and process.exitcode is None:
+                kill_tree(process.pid)
+            if process.pid is not None:
+                process.join()
+    return [
+        subprocess.CompletedProcess(command, process.exitcode, *_read_and_remove(logs))
+        for process, logs, command in runs
+    ]
+
+
 def run_ranks(
     argv: list[str],
     launch_args: list[str] = CPU_2,
@@ -106,11 +137,7 @@ def _run(
     script: str, argv: list[str], environments: list[dict], timeout: float, file_size_limit_kib: int | None
 ) -> subprocess.CompletedProcess:
     """The processes, one per environment; returncode as a launcher's (0, or 1 once one failed)."""
-    logs = []
-    for stream in ("stdout", "stderr"):
-        handle, name = tempfile.mkstemp(prefix=f"warm-{stream}-", suffix=".log")
-        os.close(handle)
-        logs.append(name)
+    logs = _logs()
     processes = [
         _context().Process(target=_process, args=(env, script, argv, logs, file_size_limit_kib))
         for env in environments
@@ -125,14 +152,29 @@ def _run(
                 kill_tree(process.pid)
             if process.pid is not None:
                 process.join()
-        stdout, stderr = (Path(log).read_text() for log in logs)
-        for log in logs:
-            os.unlink(log)
+        stdout, stderr = _read_and_remove(logs)
     if codes is None:
         raise AssertionError(f"timed out after {timeout} s: {script} {' '.join(argv)}\n{stderr[-3000:]}")
     done = subprocess.CompletedProcess([script, *argv], int(any(codes)), stdout, stderr)
     done.rank_returncodes = codes
     return done
+
+
+def _logs() -> list[str]:
+    """Two new files, for a process's stdout and stderr."""
+    logs = []
+    for stream in ("stdout", "stderr"):
+        handle, name = tempfile.mkstemp(prefix=f"warm-{stream}-", suffix=".log")
+        os.close(handle)
+        logs.append(name)
+    return logs
+
+
+def _read_and_remove(logs: list[str]) -> tuple[str, str]:
+    texts = tuple(Path(log).read_text() for log in logs)
+    for log in logs:
+        os.unlink(log)
+    return texts
 
 
 def _process(env: dict, script: str, argv: list[str], logs: list[str], file_size_limit_kib: int | None):

@@ -8,7 +8,8 @@ traceback that names none; a port held by another program makes it wait forever)
 The flags are `accelerate launch`'s; those not given come from the config file. The main machine
 (machine_rank 0) listens at main_process_ip:main_process_port, so the address must be its own and the
 port free; each other machine connects there and says hello. When all num_machines machines have, each
-hears "ok", the check exits 0 and the port is free again for the launcher. Every wait ends after
+hears "ok"; on a machine without a GPU, gloo's address for it must reach the others (GLOO_SOCKET_IFNAME);
+then the check exits 0 and the port is free again for the launcher. Every wait ends after
 --timeout seconds; a mistake is one line, `error: ...` (ConfigError's flag and fix), and exit code 2.
 """
 
@@ -199,9 +200,10 @@ def other_machine(address: str, port: int, rank: int, machines: int, timeout: fl
 
 
 def check_gloo_address(env=os.environ) -> None:
-    """In a worker, before its process group: a CPU (gloo) world over several machines where gloo would
-    give the others 127.0.0.1 as this machine's address (it takes the address the host name resolves
-    to), so every rank would wait for the others for the process group's 30 minutes."""
+    """In the preflight once the machines met, and in a worker before its process group: a CPU (gloo)
+    world over several machines where gloo would give the others 127.0.0.1 as this machine's address
+    (it takes the address the host name resolves to), so every rank would wait for the others for the
+    process group's 30 minutes."""
     master, world = env.get("MASTER_ADDR", ""), env.get("WORLD_SIZE", "1")
     if env.get("GLOO_SOCKET_IFNAME") or world == env.get("LOCAL_WORLD_SIZE", world):
         return
@@ -338,6 +340,18 @@ def check(argv: list[str]) -> None:
     else:
         other_machine(args.main_process_ip, args.main_process_port, args.machine_rank, args.num_machines,
                       args.timeout)  # fmt: skip
+    # The machines met. On a machine without a GPU the ranks' process group is gloo's: the address it
+    # would give the others, checked here, before the launcher and its ranks spend seconds importing torch
+    # (the ranks check it again, for launches without this preflight).
+    if not _has_gpu_device():
+        check_gloo_address({**os.environ, "MASTER_ADDR": args.main_process_ip,
+                            "WORLD_SIZE": str(args.num_machines), "LOCAL_WORLD_SIZE": "1"})  # fmt: skip
+
+
+def _has_gpu_device() -> bool:
+    """Whether this machine has an NVIDIA or AMD GPU driver's device (torch's CUDA, NCCL's group),
+    read without importing torch. Where unsure, a GPU: the ranks, which know, check gloo's address."""
+    return any(os.path.exists(device) for device in ("/dev/nvidiactl", "/dev/kfd"))
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """accelerate_configs/slurm/multinode.sbatch on a real 2-node Slurm cluster (tests/e2e/slurm_cluster.py).
 
 One process per node (PROCS_PER_NODE=1, gloo on CPU), as a user on a CPU cluster submits it; the
-output folder has a space in its path, which the flags must carry through srun intact.
+output folder has a space in its path, which the flags must carry through srun intact. Each job costs
+about 25 s of CPU (a launcher and a rank per node, each importing torch): one classification job is both
+the two-node world and the preempted one.
 """
 
 import json
@@ -24,6 +26,7 @@ from tests.helpers import (
     weights,
     without_dropout,
 )
+from tests.warm_ranks import run_ranks
 
 pytestmark = pytest.mark.slurm
 ROWS = ["--max_train_samples", "576"]  # 18 steps of 32 pairs: no padded last batch (test_distributed.py)
@@ -73,39 +76,14 @@ def no_dropout_model(tiny_model_dir, tmp_path_factory):
     return without_dropout(tiny_model_dir, tmp_path_factory.mktemp("slurm-model") / "model")
 
 
-@pytest.fixture(scope="module")
-def two_node_run(slurm_cluster, no_dropout_model, nli_files, tmp_path_factory):
-    """One unbroken job on both nodes, 16 pairs per process: (output folder, finished job)."""
-    folder = tmp_path_factory.mktemp("slurm unbroken")
-    out = folder / "out dir"
-    job_id = submit(slurm_cluster, folder, tiny_args(no_dropout_model, nli_files, out, *ROWS))
-    job = wait_until(slurm_cluster, job_id, finished, "end")
-    assert (job["JobState"], job["ExitCode"]) == ("COMPLETED", "0:0"), log_of(job)[-4000:]
-    return out, job
-
-
-def test_two_nodes_are_one_world_of_two_and_match_one_process(
-    two_node_run, no_dropout_model, nli_files, tmp_path
-):
-    out, job = two_node_run
-    assert job["NodeList"] == "n[1-2]" and job["NumNodes"] == "2"
-    results = json.loads((out / "results.json").read_text())
-    assert results["world_size"] == 2 and results["replicas_identical"] is True
-    assert json.loads((out / "train_config.json").read_text())["world_size"] == 2
-    assert results["global_step"] == 18
-    evaluated = {k: v for k, v in results.items() if k.startswith("eval_") and k.endswith("_samples")}
-    assert evaluated and set(evaluated.values()) == {N_VALIDATION}  # padding of the last batch dropped
-    one = tmp_path / "one"
-    main(tiny_args(no_dropout_model, nli_files, one, *ROWS, "--per_device_train_batch_size", "32"))
-    assert_same_weights(weights(one), weights(out))  # same global batch: same updates
-
-
-def test_preempted_job_requeues_and_ends_bitwise_equal(
-    slurm_cluster, two_node_run, no_dropout_model, nli_files, tmp_path
+def test_a_preempted_two_node_job_is_one_world_of_two_requeues_and_ends_bitwise_equal(
+    slurm_cluster, no_dropout_model, nli_files, tmp_path
 ):
     """SIGTERM to the batch script (what --signal=B:TERM@60 sends before the time limit, or a
     preemption): the workers checkpoint the step they are at, the job requeues itself under the same
-    id and resumes there, ending on the unbroken job's bits."""
+    id and resumes there. The job is one world of two, on both nodes; it ends on the bits of an unbroken
+    run of two processes (forked warm: tests/warm_ranks.py), with one process's weights at the same global
+    batch, and each validation row evaluated once."""
     out = tmp_path / "out dir"
     pause = {
         "SCRIPT": "tests/probes/pause_at_step.py",
@@ -116,6 +94,7 @@ def test_preempted_job_requeues_and_ends_bitwise_equal(
     both_paused = lambda job: finished(job) or all((tmp_path / f"paused-{r}").exists() for r in (0, 1))  # noqa: E731
     job = wait_until(slurm_cluster, job_id, both_paused, f"pause at step {PAUSE_AT}")
     assert job["JobState"] == "RUNNING", log_of(job)[-4000:]
+    assert job["NodeList"] == "n[1-2]" and job["NumNodes"] == "2"
     slurm_cluster.run("scancel", "--signal=TERM", "--batch", job_id)
 
     job = wait_until(slurm_cluster, job_id, finished, "end after the requeue")
@@ -127,8 +106,21 @@ def test_preempted_job_requeues_and_ends_bitwise_equal(
     )
     assert f"requeueing job {job_id}" in log and f"job {job_id} (restart 1)" in log
     assert f"resuming from {out / f'checkpoint-{PAUSE_AT}'} at step {PAUSE_AT}" in log
-    reference, resumed = weights(two_node_run[0]), weights(out)
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["replicas_identical"] is True
+    assert json.loads((out / "train_config.json").read_text())["world_size"] == 2
+    assert results["global_step"] == 18
+    evaluated = {k: v for k, v in results.items() if k.startswith("eval_") and k.endswith("_samples")}
+    assert evaluated and set(evaluated.values()) == {N_VALIDATION}  # padding of the last batch dropped
+
+    unbroken = tmp_path / "unbroken"
+    done = run_ranks(tiny_args(no_dropout_model, nli_files, unbroken, *ROWS))
+    assert done.returncode == 0, done.stderr[-3000:]
+    reference, resumed = weights(unbroken), weights(out)
     assert [n for n in reference if not torch.equal(reference[n], resumed[n])] == []
+    one = tmp_path / "one"
+    main(tiny_args(no_dropout_model, nli_files, one, *ROWS, "--per_device_train_batch_size", "32"))
+    assert_same_weights(weights(one), resumed)  # same global batch: same updates
 
 
 def test_sweep_array_workers_complete_a_study_each_trial_once(

@@ -2,7 +2,6 @@
 pruning, failed trials, sqlite storage, DDP trials. The tiny BERT, 4 steps per trial."""
 
 import json
-import os
 import subprocess
 import time
 
@@ -12,8 +11,8 @@ import torch
 from finetune.errors import ConfigError
 from finetune.mnli import main
 from finetune.studies.sweep import sweep_main
-from tests.helpers import PYTHON, REPO, kill_tree, reset_accelerate, tiny_args, weights
-from tests.warm_ranks import run_ranks, run_warm
+from tests.helpers import PYTHON, REPO, reset_accelerate, tiny_args, weights
+from tests.warm_ranks import run_ranks, run_warm, run_warm_apart
 
 TRIAL = ["--max_train_steps", "4", "--max_train_samples", "64", "--eval_strategy", "steps",
          "--eval_steps", "2", "--checkpointing_steps", "2", "--logging_steps", "2"]  # fmt: skip
@@ -41,21 +40,15 @@ def test_two_workers_share_a_study_and_a_killed_workers_trial_resumes_exactly(
         config,
         *tiny_args(tiny_model_dir, nli_files, out, *TRIAL, "--save_plots", "true"),
     ]
-    env = {**os.environ, "AT_STEP": "3", "KILL_NOTE": str(note)}
-    # Two workers at once; the probe's SIGKILLs itself at step 3 of its first trial (after checkpoint-2).
-    workers = [
-        subprocess.Popen([PYTHON, "tests/probes/sweep_kill_at_step.py", *argv], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True),
-        subprocess.Popen([PYTHON, "-m", "finetune.sweep", *argv], cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True),
-    ]  # fmt: skip
-    try:
-        (_, killed_err), (out_1, err) = (w.communicate(timeout=240) for w in workers)
-    finally:
-        for w in workers:
-            kill_tree(w.pid)
-    assert workers[0].returncode == -9, killed_err[-3000:]
-    assert workers[1].returncode == 0, err[-3000:]
+    # Two workers at once, forked warm (tests/warm_ranks.py): the probe SIGKILLs itself at step 3 of its
+    # first trial (after checkpoint-2).
+    killed, survivor = run_warm_apart([
+        ("tests/probes/sweep_kill_at_step.py", argv, {"AT_STEP": "3", "KILL_NOTE": str(note)}),
+        ("finetune/sweep.py", argv, {}),
+    ])  # fmt: skip
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert survivor.returncode == 0, survivor.stderr[-3000:]
+    out_1 = survivor.stdout
     capsys.readouterr()
     sweep_main(argv)  # the killed worker started again: it resumes the trial if the other one did not
     reset_accelerate()

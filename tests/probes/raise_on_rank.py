@@ -1,5 +1,6 @@
 """finetune in which rank $RANK_TO_FAIL raises an unexpected error at optimizer step $AT (a bug, a bad
-batch, a failing disk), while its peers go on into the next collective."""
+batch, a failing disk), while its peers go on into the next collective. On a torchrun restart it does
+not raise again."""
 
 import os
 import sys
@@ -15,7 +16,8 @@ def setup_with_failure(*launch):
     step = run.scheduler.step
 
     def step_or_fail():
-        if run.accelerator.process_index == failing_rank and run.state.global_step + 1 == at:
+        first_start = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if run.accelerator.process_index == failing_rank and run.state.global_step + 1 == at and first_start:
             raise RuntimeError(f"injected failure on rank {failing_rank} at step {at}")
         step()
 
