@@ -214,20 +214,32 @@ def test_sigterm_checkpoints_exits_and_resumes_the_same_wandb_run(
 
 
 @pytest.mark.multiprocess
-def test_sigterm_to_the_launcher_stops_every_worker_with_a_checkpoint(
+def test_a_restarted_job_stopped_at_its_launcher_resumes_exactly(
     unbroken, tiny_model_dir, nli_files, tmp_path, capsys
 ):
-    """`kill <accelerate launch's pid>` (a user, a scheduler): the launcher forwards SIGTERM to the
-    workers, which finish their step, save one checkpoint and exit; the relaunch continues exactly."""
+    """`accelerate launch --max_restarts 1` (static rendezvous, its CPU config). On the first attempt rank 1
+    raises mid-epoch 1 while rank 0 goes on into the next all-reduce: the agent ends the attempt (rank 0
+    is not left waiting there), the error reaches the terminal, and both ranks restart from checkpoint-10.
+    In the restarted attempt, `kill <accelerate launch's pid>` (a user, a scheduler): the launcher forwards
+    SIGTERM to the workers, which finish their step, save one checkpoint and exit; the relaunch continues
+    exactly, to the bits of a run never interrupted.
+
+    The restarted ranks must not read the dead attempt's addresses from the agent's store
+    (pytorch/pytorch#135712): without `join_restarted_job` about half of these restarts fail."""
     out = tmp_path / "out"
     args = tiny_args(tiny_model_dir, nli_files, out, *training_args(2))
     config = "accelerate_configs/cpu_multiprocess.yaml"
-    accelerate = [os.path.join(BIN, "accelerate"), "launch", "--config_file", config, "--main_process_port",
-                  str(free_port())]  # fmt: skip
-    told = {**signal_at(STOP_AT[2], "TERM", ranks="0"), "TARGET": "launcher"}
-    stopped = run_cli([*accelerate, "tests/probes/signal_at_step.py", *args], env=told)
+    accelerate = [os.path.join(BIN, "accelerate"), "launch", "--config_file", config, "--max_restarts", "1",
+                  "--main_process_port", str(free_port())]  # fmt: skip
+    faults = {"RANK_TO_FAIL": "1", "AT": "17", "STOP_AT": str(STOP_AT[2])}
+    started = time.monotonic()
+    stopped = run_cli([*accelerate, "tests/probes/fail_then_stop.py", *args, "--resume_from_checkpoint",
+                       "auto"], env=faults)  # fmt: skip
     # run_cli returned, so no worker holds its output pipes any more: every worker has exited.
+    assert time.monotonic() - started < 180  # no wait for the process group's timeout
     log = stopped.stdout + stopped.stderr
+    assert "injected failure on rank 1 at step 17" in stopped.stderr, log[-3000:]
+    assert f"resuming from {out / 'checkpoint-10'} at step 10" in stopped.stdout  # only a restart resumes
     lines = [line for line in re.split(r"[\r\n]", log) if line.startswith("stopped by SIGTERM after step ")]
     assert stopped.returncode != 0 and len(lines) == 1, log[-3000:]
     step = int(lines[0].split()[5].rstrip(";"))
@@ -239,29 +251,16 @@ def test_sigterm_to_the_launcher_stops_every_worker_with_a_checkpoint(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
-def test_torchrun_restarts_a_failed_worker_and_resumes(tiny_model_dir, nli_files, tmp_path, rendezvous):
-    """Rank 1 fails mid-epoch on the first attempt, while rank 0 goes on into the next all-reduce: the
-    agent ends the attempt (rank 0 is not left waiting there) and restarts both ranks, which resume. Under
-    static rendezvous rank 1 raises (a bug, a bad batch: its error must reach the user's terminal); under
-    c10d it is SIGKILLed (the kernel's OOM killer: no Python runs).
-
-    The restarted ranks must not read the dead attempt's addresses from the agent's store
-    (pytorch/pytorch#135712): without `join_restarted_job` about half of these restarts fail."""
+def test_torchrun_restarts_a_killed_worker_and_resumes(tiny_model_dir, nli_files, tmp_path):
+    """torchrun --max_restarts 1 under c10d rendezvous (the restart above is static's): rank 1 is SIGKILLed
+    mid-epoch on the first attempt (the kernel's OOM killer: no Python runs); the agent restarts both
+    ranks, which resume from their checkpoint."""
     out = tmp_path / "out"
     args = tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "10")  # 1 epoch: 19 steps
-    if rendezvous == "static":
-        probe, fault = "tests/probes/raise_on_rank.py", {"RANK_TO_FAIL": "1", "AT": "17"}
-    else:
-        probe, fault = "tests/probes/signal_at_step.py", signal_at(17, "KILL", ranks="1")
-    command = [*launcher(2, "--max_restarts", "1", "--rdzv_backend", rendezvous), probe, *args,
-               "--resume_from_checkpoint", "auto"]  # fmt: skip
-    started = time.monotonic()
-    done = run_cli(command, env=fault)  # on the first attempt only
+    restarts = launcher(2, "--max_restarts", "1", "--rdzv_backend", "c10d")
+    command = [*restarts, "tests/probes/signal_at_step.py", *args, "--resume_from_checkpoint", "auto"]
+    done = run_cli(command, env=signal_at(17, "KILL", ranks="1"))  # on the first attempt only
     assert done.returncode == 0, done.stderr[-3000:]
-    assert time.monotonic() - started < 180  # no wait for the process group's timeout
-    if rendezvous == "static":
-        assert "injected failure on rank 1 at step 17" in done.stderr
     assert f"resuming from {out / 'checkpoint-10'} at step 10" in done.stdout  # only a restart resumes
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2 and results["global_step"] == 19
