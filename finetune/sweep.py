@@ -18,7 +18,7 @@ if __name__ == "__main__":
 
     quiet_ctrl_c_while_starting()  # before the seconds of imports below
 
-from finetune.studies.sweep import sweep_cli, sweep_main
+from finetune.studies.sweep_command import sweep_cli, sweep_main
 
 __all__ = ["sweep_cli", "sweep_main"]
 

@@ -51,15 +51,22 @@ def test_demo_data_module_is_runnable(tmp_path):
 
 def test_help_and_a_bad_flag_answer_before_torch_is_imported(tmp_path):
     """`--help` and a flag refused while parsing take about a second: torch, transformers' models and
-    the run are imported only once the flags parsed (not the 6-7 s of imports a run needs)."""
+    the run are imported only once the flags parsed (not the 6-7 s of imports a run needs). The same for
+    the sweep's command line, and its YAML file."""
     probe = (
-        "import sys; from finetune.cli import cli\n"
+        "import sys; from finetune.cli import cli; from finetune.studies.sweep_command import sweep_cli\n"
         "code = cli(['--learning_rate', '-1', '--output_dir', sys.argv[1]])\n"
         "try:\n    cli(['--help'])\nexcept SystemExit as exit:\n    code = (code, exit.code)\n"
-        "print(code, sorted(m for m in ('torch', 'finetune.run', 'accelerate') if m in sys.modules))"
+        "code += (sweep_cli(['--sweep_config', sys.argv[1] + '.yaml', '--output_dir', sys.argv[1]]),)\n"
+        "try:\n    sweep_cli(['--help'])\nexcept SystemExit as exit:\n    code += (exit.code,)\n"
+        "heavy = ('torch', 'finetune.run', 'accelerate', 'optuna')\n"
+        "print(code, sorted(m for m in heavy if m in sys.modules))"
     )
     done = run_cli([PYTHON, "-c", probe, str(tmp_path / "out")])
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines()[-1] == "(2, 0) []"
-    assert done.stderr.strip().splitlines() == ["error: --learning_rate must be > 0, got -1.0"]
+    assert done.stdout.splitlines()[-1] == "(2, 0, 2, 0) []"
+    assert "--sweep_config SWEEP.yaml" in done.stdout and "--rerun_best_with_seeds" in done.stdout
+    said = done.stderr.strip().splitlines()
+    assert said[0] == "error: --learning_rate must be > 0, got -1.0" and len(said) == 2
+    assert said[1].startswith(f"error: --sweep_config {tmp_path / 'out'}.yaml: cannot read it"), said
     assert not (tmp_path / "out").exists()

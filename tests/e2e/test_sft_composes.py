@@ -11,7 +11,7 @@ import torch
 
 from finetune.errors import ConfigError
 from finetune.mnli import main
-from finetune.studies.sweep import sweep_main
+from finetune.studies.sweep_command import sweep_main
 from tests.e2e.test_sft import ONE_UPDATE, chat, first_update, sft_args  # noqa: F401  (chat: the module's fixture)
 from tests.helpers import read_jsonl, reset_accelerate, weights
 from tests.warm_ranks import run_ranks, run_warm

@@ -10,7 +10,7 @@ import torch
 
 from finetune.errors import ConfigError
 from finetune.mnli import main
-from finetune.studies.sweep import sweep_main
+from finetune.studies.sweep_command import sweep_main
 from tests.helpers import PYTHON, REPO, reset_accelerate, tiny_args, weights
 from tests.warm_ranks import run_ranks, run_warm, run_warm_apart
 

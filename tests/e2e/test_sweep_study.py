@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from finetune.mnli import main
-from finetune.studies.sweep import sweep_cli, sweep_main
+from finetune.studies.sweep_command import sweep_cli, sweep_main
 from tests.e2e.test_sweep import TRIAL, report, sweep_yaml
 from tests.helpers import refused, reset_accelerate, snapshot, tiny_args, weights
 

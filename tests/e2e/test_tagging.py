@@ -304,7 +304,7 @@ def test_seeds_summarize_tagging_runs(ner, tmp_path, capsys):
 
 def test_a_sweep_maximizes_the_tagging_f1(ner, tmp_path):
     """A 2-trial sweep of tagging runs: each trial judged by eval_f1, maximized."""
-    from finetune.studies.sweep import sweep_main
+    from finetune.studies.sweep_command import sweep_main
 
     config = tmp_path / "sweep.yaml"
     config.write_text("n_trials: 2\nsampler: random\nseed: 0\nsearch_space:\n"

@@ -78,7 +78,7 @@ def test_run_name_names_the_wandb_run(wandb_env, tmp_path):
 def test_each_sweep_trial_is_a_wandb_run_in_the_studys_group(wandb_env, tiny_model_dir, nli_files, tmp_path):
     """--report_to wandb in a sweep: one W&B run per trial (`trial-<n>`), all in the study's group."""
     from finetune.run import setup
-    from finetune.studies.sweep import sweep_main
+    from finetune.studies.sweep_command import sweep_main
 
     wandb_env.setenv("WANDB_MODE", "offline")
     wandb_env.delenv("WANDB_RUN_GROUP", raising=False)  # the sweep sets it: undone after the test

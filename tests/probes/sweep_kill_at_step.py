@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from finetune.run import setup
-from finetune.studies.sweep import sweep_cli
+from finetune.studies.sweep_command import sweep_cli
 
 at = int(os.environ["AT_STEP"])
 signum = signal.Signals[f"SIG{os.environ.get('SIGNAL', 'KILL')}"]

@@ -86,7 +86,7 @@ def test_a_missing_or_broken_file_is_one_line(tmp_path):
 
 
 def test_help_lists_the_sweeps_flags_then_the_training_flags(capsys):
-    from finetune.studies.sweep import sweep_main
+    from finetune.studies.sweep_command import sweep_main
 
     with pytest.raises(SystemExit) as done:
         sweep_main(["--help"])
