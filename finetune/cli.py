@@ -12,7 +12,7 @@ import threading
 from finetune.config.parser import parse_config
 from finetune.distributed.launch_env import say_once
 from finetune.errors import ConfigError, Stopped, StoppedAfterFinish, TrainingFailed, TrainingInterrupted
-from finetune.interrupt import ignore_while_exiting
+from finetune.interrupt import exit_at_once_while_importing, ignore_while_exiting
 
 
 def cli(argv: list[str] | None = None, build=None) -> int:
@@ -91,10 +91,11 @@ def main(argv: list[str] | None = None, build=None) -> dict:
 def _runner(config):
     """`run_seeds` or `run_config`, imported once the flags parsed: torch, transformers and the rest take
     seconds to import, and `--help` or a bad flag needs none of them."""
-    if config.seeds:
-        from finetune.studies.seeds import run_seeds
+    with exit_at_once_while_importing():
+        if config.seeds:
+            from finetune.studies.seeds import run_seeds
 
-        return run_seeds
-    from finetune.run import run_config
+            return run_seeds
+        from finetune.run import run_config
 
-    return run_config
+        return run_config

@@ -1,12 +1,17 @@
-"""The entry scripts' signals at their two edges. Ctrl-C while a script starts (seconds of imports, before
-`cli` handles it): one line, not a traceback. Stop signals once `cli` returned: ignored while the
-interpreter exits. Only the entry scripts call these; importing this does nothing."""
+"""The entry scripts' signals at their edges. Ctrl-C while a script starts (seconds of imports, before
+`cli` handles it), and Ctrl-C or SIGTERM while the run's modules import once the flags parsed: one line,
+not a traceback. Stop signals once `cli` returned: ignored while the interpreter exits. Only the entry
+points call these; importing this does nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
+
+from finetune.distributed.launch_env import say_once
 
 
 def quiet_ctrl_c_while_starting() -> None:
@@ -17,6 +22,34 @@ def quiet_ctrl_c_while_starting() -> None:
         os._exit(130)  # mid-import: no cleanup to run, nothing to save
 
     signal.signal(signal.SIGINT, interrupted)
+
+
+@contextlib.contextmanager
+def exit_at_once_while_importing():
+    """Around the import of the run's modules (torch, transformers: seconds), once the flags parsed and
+    before anything is written: Ctrl-C or SIGTERM prints one line and exits at once (130, 143). Raised
+    as an exception inside those imports, a KeyboardInterrupt can abort the process from a C++ extension
+    (SIGABRT, pybind11's "error_already_set") or be swallowed by the import machinery, and the run goes
+    on (docs/log.md, 2026-11-28). Outside the main thread (no signal handlers there): nothing."""
+
+    def stop(signum, frame):
+        said = (
+            "interrupted by Ctrl-C"
+            if signum == signal.SIGINT
+            else f"stopped by {signal.Signals(signum).name}"
+        )
+        say_once(f"error: {said} while starting; nothing was written")
+        os._exit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def ignore_while_exiting() -> None:

@@ -58,28 +58,32 @@ def run_warm_apart(
     """Several `python script *argv` started together, each (script, argv, env) with `env` added to this
     process's environment and with output of its own, as separate commands in separate shells: none
     stops another. Each one's result as run_warm returns it."""
-    runs = []
-    for script, argv, env in commands:
-        logs = _logs()
-        process = _context().Process(target=_process, args=({**os.environ, **env}, script, argv, logs, None))
-        runs.append((process, logs, [script, *argv]))
+    runs = [
+        (_context().Process(target=_process, args=({**os.environ, **env}, script, argv, logs, None)), logs)
+        for script, argv, env in commands
+        for logs in [_logs()]
+    ]
+    outputs, late = [], None
     try:
-        for process, _, _ in runs:
+        for process, _ in runs:
             process.start()
         deadline = time.monotonic() + timeout
-        for process, _, command in runs:
+        for process, _ in runs:
             process.join(max(0.0, deadline - time.monotonic()))
-            if process.exitcode is None:
-                raise AssertionError(f"timed out after {timeout} s: {' '.join(command)}")
-    finally:
-        for process, _, _ in runs:
+            late = late or (None if process.exitcode is not None else process)
+    finally:  # a timeout, a failure or Ctrl-C here: no process outlives the call, no log is left
+        for process, logs in runs:
             if process.pid is not None and process.exitcode is None:
                 kill_tree(process.pid)
             if process.pid is not None:
                 process.join()
+            outputs.append(_read_and_remove(logs))
+    if late is not None:
+        stderr = outputs[[process for process, _ in runs].index(late)][1]
+        raise AssertionError(f"timed out after {timeout} s: {commands}\n{stderr[-3000:]}")
     return [
-        subprocess.CompletedProcess(command, process.exitcode, *_read_and_remove(logs))
-        for process, logs, command in runs
+        subprocess.CompletedProcess([script, *argv], process.exitcode, *output)
+        for (script, argv, _), (process, _), output in zip(commands, runs, outputs, strict=True)
     ]
 
 

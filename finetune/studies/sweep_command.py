@@ -13,6 +13,7 @@ import threading
 from finetune.config.parser import parse_config
 from finetune.distributed.launch_env import say_once
 from finetune.errors import ConfigError, Stopped, TrainingFailed, TrainingInterrupted
+from finetune.interrupt import exit_at_once_while_importing
 from finetune.studies.sweep_config import read_sweep_config
 
 SWEEP_USAGE = """usage: finetune/sweep.py --sweep_config SWEEP.yaml [sweep flags] [training flags]
@@ -73,6 +74,6 @@ def sweep_main(argv: list[str] | None = None, build=None) -> dict:
         raise ConfigError(
             f"--rerun_best_with_seeds must be a number of seeds, got {options.rerun_best_with_seeds}"
         )
-    from finetune.studies.sweep import run_sweep
-
+    with exit_at_once_while_importing():
+        from finetune.studies.sweep import run_sweep
     return run_sweep(base, spec, options.study_name, options.storage, build, options.rerun_best_with_seeds)

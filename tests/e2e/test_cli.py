@@ -70,3 +70,20 @@ def test_help_and_a_bad_flag_answer_before_torch_is_imported(tmp_path):
     assert said[0] == "error: --learning_rate must be > 0, got -1.0" and len(said) == 2
     assert said[1].startswith(f"error: --sweep_config {tmp_path / 'out'}.yaml: cannot read it"), said
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "said", "code"), [("INT", "interrupted by Ctrl-C", 130), ("TERM", "stopped by SIGTERM", 143)]
+)
+def test_a_stop_signal_while_the_run_imports_exits_at_once_in_one_line(name, said, code):
+    """Once the flags parsed, the run's modules import (torch, transformers: seconds): a Ctrl-C raised
+    inside those imports could abort the process from a C++ extension or be swallowed, and the run went
+    on. There, a stop signal ends the process at once with one line (finetune.interrupt)."""
+    probe = (
+        "import os, signal, time; from finetune.interrupt import exit_at_once_while_importing\n"
+        f"with exit_at_once_while_importing():\n    os.kill(os.getpid(), signal.SIG{name}); time.sleep(10)\n"
+        "print('went on')"
+    )
+    done = run_cli([PYTHON, "-c", probe])
+    assert (done.returncode, done.stdout) == (code, "")
+    assert done.stderr.strip().splitlines() == [f"error: {said} while starting; nothing was written"]

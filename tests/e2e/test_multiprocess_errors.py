@@ -1,5 +1,5 @@
 """Errors on the ranks of a job, said where the user reads them, once. (An error on one rank of two
-ending the attempt promptly: the torchrun restart tests, tests/e2e/test_fault_tolerance.py.)"""
+ending the attempt promptly: the restart under `accelerate launch` in tests/e2e/test_fault_tolerance.py.)"""
 
 import pytest
 

@@ -84,3 +84,36 @@ def test_a_launch_that_started_fewer_processes_than_asked_is_refused():
     assert "accelerate_configs/multi_gpu.yaml" in refused.value.fix
     check_launched_all(2, 2, on_gpu=False)
     check_launched_all(None, 1, on_gpu=False)
+
+
+def test_each_rank_checks_gloos_address_before_its_process_group(monkeypatch, tmp_path):
+    """A rank of a CPU world over two machines whose host name resolves to loopback (what the preflight
+    also checks, tests/e2e/test_two_hosts.py): build_accelerator refuses, naming GLOO_SOCKET_IFNAME,
+    before any process group exists (one would wait 30 minutes for the others)."""
+    import socket
+
+    import torch
+
+    from finetune.config.train_config import TrainConfig
+    from finetune.distributed.accelerator import build_accelerator
+
+    if torch.cuda.is_available():
+        pytest.skip("NCCL's world: gloo's address is not checked")
+    world = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0",
+             "MASTER_ADDR": "10.36.0.1", "MASTER_PORT": "29536"}  # fmt: skip
+    for name, value in world.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    resolve = socket.gethostbyname
+    monkeypatch.setattr(
+        socket, "gethostbyname", lambda name: "127.0.0.1" if name == socket.gethostname() else resolve(name)
+    )
+
+    def group(*args, **kwargs):  # without the check: a rank that would wait for the others, here a failure
+        raise AssertionError("the process group was made before gloo's address was checked")
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", group)
+    with pytest.raises(ConfigError) as refused:
+        build_accelerator(TrainConfig(output_dir=str(tmp_path)), [])
+    assert refused.value.flag == "GLOO_SOCKET_IFNAME"
+    assert "gloo would tell the other machines this one is at 127.0.0.1" in str(refused.value)
