@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 
 from finetune.distributed.launch_env import say_once
@@ -16,12 +15,14 @@ from finetune.distributed.launch_env import say_once
 
 def quiet_ctrl_c_while_starting() -> None:
     """Until `cli` restores Python's own handler: Ctrl-C prints one line and exits 130."""
+    signal.signal(signal.SIGINT, _exit_at_once)
 
-    def interrupted(signum, frame):
-        print("error: interrupted by Ctrl-C while starting; nothing was written", file=sys.stderr, flush=True)
-        os._exit(130)  # mid-import: no cleanup to run, nothing to save
 
-    signal.signal(signal.SIGINT, interrupted)
+def _exit_at_once(signum, frame):
+    """A stop signal while starting (imports: nothing written, no cleanup to run): one line, exit 128 + N."""
+    said = "interrupted by Ctrl-C" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+    say_once(f"error: {said} while starting; nothing was written")
+    os._exit(128 + signum)
 
 
 @contextlib.contextmanager
@@ -31,20 +32,10 @@ def exit_at_once_while_importing():
     as an exception inside those imports, a KeyboardInterrupt can abort the process from a C++ extension
     (SIGABRT, pybind11's "error_already_set") or be swallowed by the import machinery, and the run goes
     on (docs/log.md, 2026-11-28). Outside the main thread (no signal handlers there): nothing."""
-
-    def stop(signum, frame):
-        said = (
-            "interrupted by Ctrl-C"
-            if signum == signal.SIGINT
-            else f"stopped by {signal.Signals(signum).name}"
-        )
-        say_once(f"error: {said} while starting; nothing was written")
-        os._exit(128 + signum)
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, _exit_at_once) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:

@@ -70,7 +70,7 @@ def run_warm_apart(
         deadline = time.monotonic() + timeout
         for process, _ in runs:
             process.join(max(0.0, deadline - time.monotonic()))
-            late = late or (None if process.exitcode is not None else process)
+        late = next((i for i, (process, _) in enumerate(runs) if process.exitcode is None), None)
     finally:  # a timeout, a failure or Ctrl-C here: no process outlives the call, no log is left
         for process, logs in runs:
             if process.pid is not None and process.exitcode is None:
@@ -79,8 +79,7 @@ def run_warm_apart(
                 process.join()
             outputs.append(_read_and_remove(logs))
     if late is not None:
-        stderr = outputs[[process for process, _ in runs].index(late)][1]
-        raise AssertionError(f"timed out after {timeout} s: {commands}\n{stderr[-3000:]}")
+        raise AssertionError(f"timed out after {timeout} s: {commands[late]}\n{outputs[late][1][-3000:]}")
     return [
         subprocess.CompletedProcess([script, *argv], process.exitcode, *output)
         for (script, argv, _), (process, _), output in zip(commands, runs, outputs, strict=True)
