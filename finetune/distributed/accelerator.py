@@ -15,8 +15,8 @@ from accelerate.utils import (
 )
 
 from finetune.config.train_config import TrainConfig
+from finetune.distributed.gloo_address import check_gloo_address
 from finetune.distributed.launch_env import launcher_world_size
-from finetune.distributed.preflight import check_gloo_address
 from finetune.distributed.ranks import check_world_size
 from finetune.errors import ConfigError
 from finetune.speed.compile import dynamo_plugin
@@ -49,6 +49,10 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
     if not torch.cuda.is_available():
         check_gloo_address()  # every rank, before the process group that would wait 30 minutes
     join_restarted_job()
+    # A run starts from Accelerate's defaults. Its singletons outlive an earlier run in this process (a
+    # notebook's, a script's, the last seed's), and an Accelerator asking another precision than that
+    # run's is refused ("AcceleratorState has already been initialized").
+    fresh_accelerate_state()
     ddp = DistributedDataParallelKwargs(
         bucket_cap_mb=config.ddp_bucket_cap_mb,
         find_unused_parameters=config.ddp_find_unused_parameters,

@@ -273,6 +273,16 @@ def test_mfu_is_logged_against_the_given_peak(trained, tiny_model_dir, nli_files
     assert all(r["mfu"] == pytest.approx(6 * n * r["tokens_per_second"] / 0.5e12) for r in lines)
 
 
+def test_a_second_run_in_one_process_takes_its_own_precision(tiny_model_dir, nli_files, tmp_path):
+    """A notebook's second run: Accelerate's process-wide state outlived the first, so an Accelerator asking
+    another precision was refused ("AcceleratorState has already been initialized"). It bit where
+    --mixed_precision auto resolves to bf16 (AMX and AVX512-BF16 CPUs, GPUs) after a run in fp32."""
+    first = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "fp32", "--max_train_steps", "2"))
+    second = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "bf16", "--max_train_steps", "2",
+                            "--mixed_precision", "bf16"))  # fmt: skip
+    assert (first["mixed_precision"], second["mixed_precision"]) == ("no", "bf16")
+
+
 @pytest.mark.slow
 def test_torch_compile_trains_exports_and_resumes_with_or_without_compile(
     tiny_model_dir, nli_files, tmp_path, capsys, monkeypatch

@@ -23,5 +23,13 @@ def in_process_only(request, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError(WRONG_TIER)
 
+    def only_fontconfig(process, args, *more, **options):
+        # matplotlib's first chart on a machine lists its fonts with fontconfig, once (its font cache,
+        # ~/.cache/matplotlib): a library's own probe, not a program of this project.
+        if not (isinstance(args, list | tuple) and args[:1] in (["fc-list"], ("fc-list",))):
+            refuse()
+        starts(process, args, *more, **options)
+
+    starts = subprocess.Popen.__init__
     monkeypatch.setattr(finetune.cli, "_runner", refuse)  # what main() and cli() run
-    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)  # subprocess.run, check_output, launchers
+    monkeypatch.setattr(subprocess.Popen, "__init__", only_fontconfig)  # subprocess.run, launchers
