@@ -5,32 +5,20 @@ and turns what the user can act on into one line on stderr and an exit code."""
 from __future__ import annotations
 
 import gc
-import signal
 import sys
-import threading
 
 from finetune.config.parser import parse_config
 from finetune.distributed.launch_env import say_once
 from finetune.errors import ConfigError, Stopped, StoppedAfterFinish, TrainingFailed, TrainingInterrupted
-from finetune.interrupt import exit_at_once_while_importing, ignore_while_exiting
+from finetune.interrupt import exit_at_once_while_importing, ignore_while_exiting, stop_signals_raise
 
 
 def cli(argv: list[str] | None = None, build=None) -> int:
     """Collective: the command line; a mistake or failure the user can act on is one line on stderr,
     said once however many ranks meet it (with `--debug`, its traceback). Returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    # Ctrl-C and SIGTERM raise, handled in _run (training takes them over, to stop at a step); signal
-    # handlers belong to the main thread only. The caller's own come back at the end.
-    ours = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: _stop}
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = (
-        {signum: signal.signal(signum, handler) for signum, handler in ours.items()} if main_thread else {}
-    )
-    try:
+    with stop_signals_raise():  # what they raise is handled in _run
         return _run(argv, build)
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _run(argv: list[str], build) -> int:
@@ -75,10 +63,6 @@ def script() -> int:
     code = cli()
     ignore_while_exiting()
     return code
-
-
-def _stop(signum, frame):
-    raise Stopped(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None, build=None) -> dict:

@@ -1,9 +1,10 @@
 """The errors a run reports as one line: a setting to fix (`ConfigError`), a run that cannot go on
 (`TrainingFailed`), a run stopped by a signal with its checkpoint written (`TrainingInterrupted`);
-and the OS's words for a failed write or read."""
+argparse's mistakes as a ConfigError (`OneLineParser`); and the OS's words for a failed write or read."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import signal
 from pathlib import Path
@@ -32,6 +33,17 @@ class ConfigError(ValueError):
         elif fix is None and ": " in message:
             fix = message.split(": ", 1)[1]
         self.fix = fix
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag or value is a ConfigError naming the flag, not the usage block and exit 2
+    argparse prints: "--port: invalid int value: 'x'; see --help"."""
+
+    def error(self, message: str):
+        named = re.match(r"argument (--\w+)(/--[\w-]+)*: ", message)
+        if named:
+            message = f"{named.group(1)}: {message[named.end() :]}"
+        raise ConfigError(f"{message.rstrip('.')}; see --help", flag=named.group(1) if named else None)
 
 
 class TrainingFailed(Exception):

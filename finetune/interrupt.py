@@ -1,7 +1,7 @@
-"""The entry scripts' signals at their edges. Ctrl-C while a script starts (seconds of imports, before
-`cli` handles it), and Ctrl-C or SIGTERM while the run's modules import once the flags parsed: one line,
-not a traceback. Stop signals once `cli` returned: ignored while the interpreter exits. Only the entry
-points call these; importing this does nothing."""
+"""The entry scripts' signals. Ctrl-C while a script starts (seconds of imports, before `cli` handles it),
+and Ctrl-C or SIGTERM while the run's modules import once the flags parsed: one line, not a traceback.
+While a command runs: both raise, for the command to end with one line. Once `cli` returned: ignored
+while the interpreter exits. Only the entry points call these; importing this does nothing."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import signal
 import threading
 
 from finetune.distributed.launch_env import say_once
+from finetune.errors import Stopped
 
 
 def quiet_ctrl_c_while_starting() -> None:
@@ -41,6 +42,28 @@ def exit_at_once_while_importing():
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def stop_signals_raise():
+    """While a command runs (`finetune`, the sweep): Ctrl-C raises KeyboardInterrupt and SIGTERM raises
+    `Stopped`, for the command to end where it is with one line (training takes both over, to stop at a
+    step). The caller's handlers come back at the end. Outside the main thread (no signal handlers
+    there): nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_stopped)}  # fmt: skip
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
 
 
 def ignore_while_exiting() -> None:

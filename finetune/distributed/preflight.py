@@ -18,19 +18,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
-import fcntl
-import ipaddress
 import math
 import os
-import re
 import socket
-import struct
 import sys
 import time
 
 import yaml
 
-from finetune.errors import ConfigError
+from finetune.distributed.gloo_address import gloo_problem
+from finetune.errors import ConfigError, OneLineParser
 
 HELLO = "finetune-preflight"
 ACK_WITHIN = 5.0  # seconds: the main machine's preflight answers a hello at once
@@ -68,8 +65,11 @@ def check_port_free(port: int) -> None:
                 raise
 
 
-def main_machine(address: str, port: int, machines: int, timeout: float) -> None:
-    """machine_rank 0: listen where the others will connect, until every machine_rank said hello."""
+def main_machine(
+    address: str, port: int, machines: int, timeout: float, gloo: ConfigError | None = None
+) -> None:
+    """machine_rank 0: listen where the others will connect, until every machine_rank said hello; then
+    tell them "ok", or the first machine's gloo problem (`gloo`: this one's), which every machine raises."""
     check_port_free(port)
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -89,7 +89,7 @@ def main_machine(address: str, port: int, machines: int, timeout: float) -> None
         raise
     listener.listen(machines)
     deadline = time.monotonic() + timeout
-    arrived: dict[int, socket.socket] = {}
+    arrived: dict[int, tuple[socket.socket, str]] = {}  # machine_rank: its connection, its gloo problem
     try:
         while len(arrived) < machines - 1:
             left = deadline - time.monotonic()
@@ -107,27 +107,38 @@ def main_machine(address: str, port: int, machines: int, timeout: float) -> None
                 peer, _ = listener.accept()
             except TimeoutError:
                 continue
-            rank = _greet(peer, machines, set(arrived))
-            if rank is not None:
-                arrived[rank] = peer
-        for peer in arrived.values():
-            peer.sendall(b"ok\n")
-        for peer in arrived.values():  # they close first: no TIME_WAIT left on the launcher's port here
+            greeted = _greet(peer, machines, set(arrived))
+            if greeted is not None:
+                arrived[greeted[0]] = (peer, greeted[1])
+        problems = {rank: problem for rank, (_, problem) in arrived.items() if problem}
+        if gloo is not None:
+            problems[0] = str(gloo)
+        first = min(problems, default=None)
+        verdict = "ok" if first is None else f"gloo {first} {problems[first]}"
+        for peer, _ in arrived.values():
+            peer.sendall(f"{verdict}\n".encode())
+        for peer, _ in arrived.values():  # they close first: no TIME_WAIT left on the launcher's port here
             peer.settimeout(ACK_WITHIN)
             with contextlib.suppress(OSError):
                 peer.recv(1)
     finally:
-        for peer in arrived.values():
+        for peer, _ in arrived.values():
             peer.close()
         listener.close()
+    if gloo is not None:
+        raise gloo
+    if first is not None:
+        raise _gloo_elsewhere(first, problems[first])
 
 
-def _greet(peer: socket.socket, machines: int, seen: set[int]) -> int | None:
-    """A connection's machine_rank, acknowledged; None (and the connection closed) for anything else."""
+def _greet(peer: socket.socket, machines: int, seen: set[int]) -> tuple[int, str] | None:
+    """A connection's machine_rank, acknowledged, and its gloo problem ("" for none); None (and the
+    connection closed) for anything else."""
     peer.settimeout(ACK_WITHIN)
     try:
-        words = peer.recv(256).decode(errors="replace").split()
-        if len(words) != 3 or words[0] != HELLO:
+        with peer.makefile("r", errors="replace") as reader:
+            words, gloo = reader.readline(256).split(), reader.readline(4096).rstrip("\n")
+        if len(words) != 3 or words[0] != HELLO or not gloo.startswith("gloo "):
             raise ValueError
         rank, theirs = int(words[1]), int(words[2])
     except (OSError, ValueError):
@@ -143,11 +154,26 @@ def _greet(peer: socket.socket, machines: int, seen: set[int]) -> int | None:
     if problem:
         peer.close()
         return None
-    return rank
+    gloo = gloo.removeprefix("gloo ")
+    return rank, "" if gloo == "ok" else gloo
 
 
-def other_machine(address: str, port: int, rank: int, machines: int, timeout: float) -> None:
-    """machine_rank > 0: reach the main machine's preflight and wait for everyone's arrival."""
+def _gloo_elsewhere(rank: int, problem: str) -> ConfigError:
+    """Another machine's gloo problem: the launch cannot go on here either (this machine's launcher would
+    wait for that machine until its rendezvous timeout)."""
+    return ConfigError(
+        f"machine_rank {rank} cannot join the ranks' process group, so this machine stops too. There, "
+        f"{problem}",
+        flag="GLOO_SOCKET_IFNAME",
+        fix=f"set GLOO_SOCKET_IFNAME on machine_rank {rank}, as its own error says",
+    )
+
+
+def other_machine(
+    address: str, port: int, rank: int, machines: int, timeout: float, gloo: ConfigError | None = None
+) -> None:
+    """machine_rank > 0: reach the main machine's preflight, with this one's gloo problem (`gloo`), and
+    wait for everyone's arrival; then raise the first machine's gloo problem, if any."""
     where = f"{address}:{port}"
     deadline = time.monotonic() + timeout
     while True:
@@ -165,9 +191,10 @@ def other_machine(address: str, port: int, rank: int, machines: int, timeout: fl
             break
         except OSError:  # refused (not started yet), unreachable, timed out: try until the deadline
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-    with connection:
-        connection.sendall(f"{HELLO} {rank} {machines}\n".encode())
-        reader = connection.makefile("r")
+    # The reader closed with the connection: a refusal raised from here would keep it, and the socket,
+    # open, and the main machine, closing first, would leave the launcher's port in TIME_WAIT.
+    with connection, connection.makefile("r") as reader:
+        connection.sendall(f"{HELLO} {rank} {machines}\ngloo {gloo or 'ok'}\n".encode())
         connection.settimeout(ACK_WITHIN)
         try:
             first = reader.readline().strip()
@@ -189,6 +216,9 @@ def other_machine(address: str, port: int, rank: int, machines: int, timeout: fl
             last = reader.readline().strip()
         except OSError:
             last = ""
+        if last.startswith("gloo "):
+            at, problem = last.removeprefix("gloo ").split(" ", 1)
+            raise gloo if gloo is not None else _gloo_elsewhere(int(at), problem)
         if last != "ok":
             raise ConfigError(
                 f"the main machine ({where}) stopped waiting for the num_machines={machines} machines within "
@@ -199,58 +229,12 @@ def other_machine(address: str, port: int, rank: int, machines: int, timeout: fl
             )
 
 
-def check_gloo_address(env=os.environ) -> None:
-    """In the preflight once the machines met, and in a worker before its process group: a CPU (gloo)
-    world over several machines where gloo would give the others 127.0.0.1 as this machine's address
-    (it takes the address the host name resolves to), so every rank would wait for the others for the
-    process group's 30 minutes."""
-    master, world = env.get("MASTER_ADDR", ""), env.get("WORLD_SIZE", "1")
-    if env.get("GLOO_SOCKET_IFNAME") or world == env.get("LOCAL_WORLD_SIZE", world):
-        return
-    host = socket.gethostname()
-    try:
-        own = socket.gethostbyname(host)
-        loopback = [ipaddress.ip_address(socket.gethostbyname(a)).is_loopback for a in (host, master)]
-    except (OSError, ValueError):
-        return
-    if loopback != [True, False]:
-        return
-    interface = _interface_towards(master) or "<the interface that reaches it>"
-    raise ConfigError(
-        f"gloo would tell the other machines this one is at {own} (what its host name {host} resolves "
-        f"to), where they cannot reach it; set GLOO_SOCKET_IFNAME={interface}, the interface that reaches "
-        f"main_process_ip {master} here (on each machine, its own)",
-        flag="GLOO_SOCKET_IFNAME",
-        fix=f"GLOO_SOCKET_IFNAME={interface}",
-    )
-
-
-def _interface_towards(address: str) -> str | None:
-    """The network interface this machine sends to `address` through (its name, as `ip addr` shows)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((address, 9))  # no packet is sent: this only picks the route
-            local = probe.getsockname()[0]
-            for _, name in socket.if_nameindex():
-                with contextlib.suppress(OSError):  # SIOCGIFADDR: the interface's IPv4 address
-                    packed = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
-                    if socket.inet_ntoa(packed[20:24]) == local:
-                        return name
-    except OSError:
-        pass
-    return None
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage block
-        named = re.match(r"argument (--\w+)", message)
-        raise ConfigError(f"{message}; see --help", flag=named.group(1) if named else None)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     """The flags, and the config file's values for those not given; each a one-line ConfigError when
     unreadable (a missing file, bad YAML, a port that is not a port)."""
-    parser = _Parser(prog="python -m finetune.distributed.preflight", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(
+        prog="python -m finetune.distributed.preflight", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--config_file", help="the accelerate config the launch uses")
     for name in ("machine_rank", "main_process_ip", "main_process_port", "num_machines"):
         parser.add_argument(f"--{name}", help="as `accelerate launch` takes it (default: the config file's)")
@@ -335,17 +319,22 @@ def check(argv: list[str]) -> None:
     if not 0 <= args.machine_rank < args.num_machines:
         raise ConfigError(f"machine_rank {args.machine_rank} must be in 0..{args.num_machines - 1} "
                           f"(num_machines={args.num_machines})", flag="machine_rank")  # fmt: skip
+    # On a machine without a GPU the ranks' process group is gloo's. The address it would give the others
+    # is checked here, before the launcher and its ranks spend seconds importing torch, and told to the
+    # other machines as they meet: every machine stops, not only the one at fault, whose peers' launchers
+    # would wait for it until their rendezvous timeout. (The ranks check it again, for launches without
+    # this preflight.)
+    world = {
+        "MASTER_ADDR": args.main_process_ip,
+        "WORLD_SIZE": str(args.num_machines),
+        "LOCAL_WORLD_SIZE": "1",
+    }
+    gloo = None if _has_gpu_device() else gloo_problem({**os.environ, **world})
     if args.machine_rank == 0:
-        main_machine(args.main_process_ip, args.main_process_port, args.num_machines, args.timeout)
+        main_machine(args.main_process_ip, args.main_process_port, args.num_machines, args.timeout, gloo)
     else:
         other_machine(args.main_process_ip, args.main_process_port, args.machine_rank, args.num_machines,
-                      args.timeout)  # fmt: skip
-    # The machines met. On a machine without a GPU the ranks' process group is gloo's: the address it
-    # would give the others, checked here, before the launcher and its ranks spend seconds importing torch
-    # (the ranks check it again, for launches without this preflight).
-    if not _has_gpu_device():
-        check_gloo_address({**os.environ, "MASTER_ADDR": args.main_process_ip,
-                            "WORLD_SIZE": str(args.num_machines), "LOCAL_WORLD_SIZE": "1"})  # fmt: skip
+                      args.timeout, gloo)  # fmt: skip
 
 
 def _has_gpu_device() -> bool:

@@ -5,15 +5,12 @@ seconds of imports a trial needs (as finetune/cli.py does for a run)."""
 
 from __future__ import annotations
 
-import argparse
-import signal
 import sys
-import threading
 
 from finetune.config.parser import parse_config
 from finetune.distributed.launch_env import say_once
-from finetune.errors import ConfigError, Stopped, TrainingFailed, TrainingInterrupted
-from finetune.interrupt import exit_at_once_while_importing
+from finetune.errors import ConfigError, OneLineParser, Stopped, TrainingFailed, TrainingInterrupted
+from finetune.interrupt import exit_at_once_while_importing, stop_signals_raise
 from finetune.studies.sweep_config import read_sweep_config
 
 SWEEP_USAGE = """usage: finetune/sweep.py --sweep_config SWEEP.yaml [sweep flags] [training flags]
@@ -27,12 +24,9 @@ def sweep_cli(argv: list[str] | None = None, build=None) -> int:
     """Collective: the sweep's command line; a mistake is one `error:` line on stderr (exit 2), a failed
     trial is not (it is recorded and the sweep goes on). `build`: run_config's hook, wrapped per trial."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # as finetune/cli.py: raise, stop at a step
-        previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
-                    signal.SIGTERM: signal.signal(signal.SIGTERM, _stop)}  # fmt: skip
     try:
-        sweep_main(argv, build)
+        with stop_signals_raise():
+            sweep_main(argv, build)
     except (ConfigError, TrainingFailed) as error:
         if "--debug" in argv:
             raise
@@ -43,19 +37,12 @@ def sweep_cli(argv: list[str] | None = None, build=None) -> int:
     except (KeyboardInterrupt, Stopped) as stopped:
         say_once("error: the sweep was stopped; start the same command again to go on (the trial resumes)")
         return stopped.exit_code if isinstance(stopped, Stopped) else 130
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     return 0
-
-
-def _stop(signum, frame):
-    raise Stopped(signal.Signals(signum).name)
 
 
 def sweep_main(argv: list[str] | None = None, build=None) -> dict:
     """Collective: the sweep for Python callers; returns sweep.json's content (rank 0; {} elsewhere)."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="finetune/sweep.py", allow_abbrev=False, add_help=False, usage=SWEEP_USAGE.splitlines()[0]
     )
     parser.add_argument("--sweep_config", help="the sweep's YAML: search space, n_trials, sampler, pruner")
@@ -71,9 +58,8 @@ def sweep_main(argv: list[str] | None = None, build=None) -> dict:
     spec = read_sweep_config(options.sweep_config)
     base = parse_config(training_argv)
     if options.rerun_best_with_seeds < 0:
-        raise ConfigError(
-            f"--rerun_best_with_seeds must be a number of seeds, got {options.rerun_best_with_seeds}"
-        )
+        seeds = options.rerun_best_with_seeds
+        raise ConfigError(f"--rerun_best_with_seeds must be a whole number of seeds >= 0, got {seeds}")
     with exit_at_once_while_importing():
         from finetune.studies.sweep import run_sweep
     return run_sweep(base, spec, options.study_name, options.storage, build, options.rerun_best_with_seeds)

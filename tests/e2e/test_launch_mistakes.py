@@ -8,11 +8,12 @@ Two "machines" are two commands on 127.0.0.1 with --machine_rank 0 and 1, with t
 import os
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
 
-from finetune.distributed.preflight import check
+from finetune.distributed.preflight import check, main_machine, other_machine
 from finetune.errors import ConfigError
 from tests.helpers import PYTHON, REPO, free_port
 
@@ -112,6 +113,41 @@ def test_machine_that_never_arrives():
     assert code == 2 and "only 2 of num_machines=3" in line and "machine_rank 2" in line
     code, line, _ = ends(other, 10)
     assert code == 2 and "num_machines=3" in line
+
+
+@pytest.mark.parametrize("at_fault", [0, 1])
+def test_a_gloo_problem_on_one_machine_stops_every_machine(at_fault):
+    """Each machine's preflight finds its own gloo problem; the machines tell each other as they meet, so
+    the machine without one stops too, at once, rather than its launcher waiting for the other until the
+    rendezvous timeout. (Where the problem comes from: tests/e2e/test_two_hosts.py.)"""
+    port, outcome = free_port(), {}
+    problem = ConfigError(
+        "gloo would tell the other machines this one is at 127.0.0.1 (what its host name h resolves to); "
+        "set GLOO_SOCKET_IFNAME=eth9",
+        flag="GLOO_SOCKET_IFNAME",
+    )
+
+    def machine(rank: int) -> None:
+        gloo = problem if rank == at_fault else None
+        try:
+            if rank == 0:
+                main_machine("127.0.0.1", port, 2, TIMEOUT + 10, gloo)
+            else:
+                other_machine("127.0.0.1", port, 1, 2, TIMEOUT + 10, gloo)
+        except ConfigError as error:
+            outcome[rank] = error
+
+    threads = [threading.Thread(target=machine, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT + 20)
+    assert outcome[at_fault] is problem
+    stopped = outcome[1 - at_fault]
+    assert stopped.flag == "GLOO_SOCKET_IFNAME" and f"machine_rank {at_fault} cannot join" in str(stopped)
+    assert str(problem) in str(stopped) and "\n" not in str(stopped)
+    with socket.socket() as launcher:  # and the port is free for a launcher
+        launcher.bind(("127.0.0.1", port))
 
 
 def test_launcher_rendezvous_is_bounded_by_rdzv_conf_timeout():

@@ -44,11 +44,12 @@ def two_hosts():
 
 
 def launch(
-    two_hosts, args: list[str], gloo_interface: bool = True, config: bool = True
+    two_hosts, args: list[str], gloo_interface: tuple[bool, bool] = (True, True), config: bool = True
 ) -> list[tuple[int, str, str]]:
     """On each host: the preflight, then `accelerate launch` (as multinode.sbatch does), with the
     multi-node CPU config, or from the flags alone (`config=False`: --multi_gpu --num_machines 2, no
-    file): each node's (exit code, stdout, stderr)."""
+    file); GLOO_SOCKET_IFNAME set on the hosts `gloo_interface` says. Each node's (exit code, stdout,
+    stderr)."""
     main_ip = next(iter(two_hosts.values()))[0]
     setup = ["--config_file", CONFIG] if config else ["--num_machines", "2"]
     launcher = ["--config_file", CONFIG] if config else ["--multi_gpu", "--num_machines", "2"]
@@ -62,7 +63,7 @@ def launch(
         both = ["sh", "-c", f"{shlex.join(check)} && exec {shlex.join(command)}"]
         # gloo advertises the address its host name resolves to (127.0.0.1 here): name the interface.
         env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
-        if gloo_interface:
+        if gloo_interface[rank]:
             env["GLOO_SOCKET_IFNAME"] = interface
         nodes.append(subprocess.Popen(["ip", "netns", "exec", name, *both], cwd=REPO, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -106,7 +107,8 @@ def test_without_gloo_socket_ifname_each_host_stops_before_the_launcher(
     without the preflight meets the same check in each rank, before its process group: the same line
     from the same function, called in a host's namespace with the environment a launcher gives a rank."""
     start = time.monotonic()
-    nodes = launch(two_hosts, tiny_args(tiny_model_dir, nli_files, tmp_path / "out"), gloo_interface=False)
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out")
+    nodes = launch(two_hosts, args, gloo_interface=(False, False))
     assert time.monotonic() - start < 30
     lines = []
     for (code, _, err), (_, interface) in zip(nodes, two_hosts.values(), strict=True):
@@ -117,8 +119,28 @@ def test_without_gloo_socket_ifname_each_host_stops_before_the_launcher(
         lines.append(err.strip())
     name, (main_ip, _) = next(iter(two_hosts.items()))
     rank = {"MASTER_ADDR": main_ip, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
-    probe = f"from finetune.distributed.preflight import check_gloo_address as c; c({rank!r})"
+    probe = f"from finetune.distributed.gloo_address import check_gloo_address as c; c({rank!r})"
     env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
     done = subprocess.run(["ip", "netns", "exec", name, PYTHON, "-c", probe], cwd=REPO, env=env,
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode != 0 and lines[0].removeprefix("error: ") in done.stderr, done.stderr[-3000:]
+
+
+def test_a_host_without_gloo_socket_ifname_stops_the_other_too(
+    two_hosts, tiny_model_dir, nli_files, tmp_path
+):
+    """GLOO_SOCKET_IFNAME set on the main host only: the other host's preflight says its own line, and
+    the main host's, told as the machines meet, says which machine stopped and why, so that its
+    launcher does not wait for the other until the rendezvous timeout."""
+    start = time.monotonic()
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out")
+    (main_code, _, main_err), (code, _, err) = launch(two_hosts, args, gloo_interface=(True, False))
+    assert time.monotonic() - start < 30
+    assert (
+        code == 2
+        and err.startswith("error: gloo would tell the other machines")
+        and len(err.splitlines()) == 1
+    )
+    assert main_code == 2 and len(main_err.splitlines()) == 1, main_err[-3000:]
+    assert main_err.startswith("error: machine_rank 1 cannot join the ranks' process group")
+    assert err.removeprefix("error: ").strip() in main_err

@@ -104,10 +104,7 @@ def test_each_rank_checks_gloos_address_before_its_process_group(monkeypatch, tm
     for name, value in world.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    resolve = socket.gethostbyname
-    monkeypatch.setattr(
-        socket, "gethostbyname", lambda name: "127.0.0.1" if name == socket.gethostname() else resolve(name)
-    )
+    monkeypatch.setattr(socket, "gethostname", lambda: "localhost")
 
     def group(*args, **kwargs):  # without the check: a rank that would wait for the others, here a failure
         raise AssertionError("the process group was made before gloo's address was checked")
@@ -117,3 +114,45 @@ def test_each_rank_checks_gloos_address_before_its_process_group(monkeypatch, tm
         build_accelerator(TrainConfig(output_dir=str(tmp_path)), [])
     assert refused.value.flag == "GLOO_SOCKET_IFNAME"
     assert "gloo would tell the other machines this one is at 127.0.0.1" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [
+        ("localhost", "what its host name localhost resolves to"),
+        ("nosuchhost.invalid", "its host name nosuchhost.invalid does not resolve, so gloo falls back"),
+        ("192.0.2.123", "resolves to no address of this machine, so gloo falls back to loopback"),
+    ],
+)
+def test_gloo_problem_is_where_gloo_would_give_the_others_a_loopback_address(host, why, monkeypatch):
+    """torch's rule (doesHostnameResolveToUsableAddress, then gloo's lookup): the first address the host
+    name resolves to that binds here, else 127.0.0.1. A name resolving to loopback, not resolving, or
+    resolving only to another machine's address all leave the other machines unable to reach this one."""
+    import re
+    import socket
+
+    from finetune.distributed.gloo_address import gloo_problem
+
+    monkeypatch.setattr(socket, "gethostname", lambda: host)
+    world = {"MASTER_ADDR": "10.36.0.1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}
+    problem = gloo_problem(world)
+    assert problem is not None and problem.flag == "GLOO_SOCKET_IFNAME" and why in str(problem)
+    assert re.search(r"this one is at (127\.0\.0\.1|::1) ", str(problem)), str(problem)
+    assert gloo_problem({**world, "GLOO_SOCKET_IFNAME": "eth0"}) is None
+    assert gloo_problem({**world, "LOCAL_WORLD_SIZE": "2"}) is None  # one machine: loopback reaches it
+    assert gloo_problem({**world, "MASTER_ADDR": "127.0.0.1"}) is None
+
+
+def test_gloo_problem_is_none_where_the_host_name_gives_an_address_of_this_machine(monkeypatch):
+    import socket
+
+    from finetune.distributed.gloo_address import gloo_problem
+
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: the route's source address
+            own = probe.getsockname()[0]
+    except OSError:
+        pytest.skip("no route off this machine: no address of it but loopback")
+    monkeypatch.setattr(socket, "gethostname", lambda: own)
+    assert gloo_problem({"MASTER_ADDR": "192.0.2.1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}) is None

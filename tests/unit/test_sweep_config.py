@@ -96,6 +96,25 @@ def test_help_lists_the_sweeps_flags_then_the_training_flags(capsys):
 
 
 @pytest.mark.parametrize(
+    ("flags", "flag", "says"),
+    [
+        (["--rerun_best_with_seeds", "abc"], "--rerun_best_with_seeds", "invalid int value: 'abc'"),
+        (["--rerun_best_with_seeds", "-1"], "--rerun_best_with_seeds", "number of seeds >= 0, got -1"),
+        (["--sweep_config"], "--sweep_config", "expected one argument"),
+        ([], "--sweep_config", "--sweep_config is missing"),
+    ],
+)
+def test_a_bad_sweep_flag_is_one_config_error_naming_it(flags, flag, says, tmp_path):
+    """Not argparse's usage block and exit: the one `error:` line the sweep's command line prints."""
+    from finetune.studies.sweep_command import sweep_main
+
+    config = ["--sweep_config", write(tmp_path, GOOD)] if "-1" in flags else []
+    with pytest.raises(ConfigError) as error:
+        sweep_main([*config, *flags])
+    assert says in str(error.value) and "\n" not in str(error.value) and error.value.flag == flag
+
+
+@pytest.mark.parametrize(
     ("sampler", "pruner", "classes"),
     [
         ("tpe", "median", ("TPESampler", "MedianPruner")),
