@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One call of a lent GPU (docs/benchmarks.md, "GPU"): --cuda_graphs checked and measured against eager and
-# HF Trainer tuned, each stage under its own time cap, every result written to $OUT as it lands, so a
-# cut-short call still returns what finished. From the repository root, with .gpu/ carried (gpu_setup.sh):
-#   OUT=<folder> [STAGES=same,steps,runs32,fsdp,runs256,steps256] benchmarks/gpu_session.sh
+# One call of a lent GPU (docs/benchmarks.md, "GPU"): SFT's packing through torch's varlen kernel checked
+# and run; --cuda_graphs checked and measured against eager and HF Trainer tuned. Each stage under its own
+# time cap, every result written to $OUT as it lands, so a cut-short call still returns what finished.
+# From the repository root, with .gpu/ carried (benchmarks/gpu_prepare.sh builds it; gpu_setup.sh):
+#   OUT=<folder> [STAGES=sft,same,steps,runs32,fsdp,runs256,steps256] benchmarks/gpu_session.sh
 set -uo pipefail
 : "${OUT:?set OUT to an output folder}"
-STAGES=",${STAGES:-same,steps,runs32,fsdp,runs256,steps256},"
+STAGES=",${STAGES:-sft,same,steps,runs32,fsdp,runs256,steps256},"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 started=$SECONDS
 stage() { echo "=== $(date -u +%H:%M:%S) +$((SECONDS - started))s $*"; }
@@ -17,6 +18,13 @@ python3 -c "import torch, transformers, accelerate, datasets, peft; print('torch
 'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'datasets', datasets.__version__,
 'peft', peft.__version__)"
 MODEL=/tmp/bert-base DATA=.gpu/mnli
+
+if wanted sft; then
+  stage "SFT --packing: torch's varlen kernel against its reference and against documents alone; step times"
+  timeout -k 5 150 python3 benchmarks/gpu_sft.py "$OUT/sft.json"
+  stage "SFT: whole runs on generated chats, packed (the kernel) and unpacked, bf16"
+  timeout -k 5 240 python3 benchmarks/gpu_sft.py "$OUT/sft_runs.json" --runs .gpu/chatml
+fi
 
 if wanted same; then
   stage "same function: 40 updates eager and with --cuda_graphs, each resumed at 20 (--full_determinism)"

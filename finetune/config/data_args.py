@@ -128,9 +128,10 @@ class DataArgs:
     packing: bool = False
     """causal_lm: pack the training rows best-fit-decreasing into sequences of up to --max_length tokens
     (TRL's name): fewer, fuller sequences, so far less padding. Each document keeps its own positions
-    and attends to and predicts only itself, so the loss is the same as unpacked: on CUDA with
-    --attn_implementation flash_attention_2 the packs run as one varlen row, elsewhere (sdpa, eager) with a
-    block-causal mask; an attention that cannot keep documents apart is refused. The packs are fixed by
+    and attends to and predicts only itself, so the loss is the same as unpacked: on CUDA the packs run as
+    one varlen row (sdpa in bf16/fp16 through torch's varlen kernel, or flash_attention_2), elsewhere (sdpa
+    in fp32 or on CPU, eager) with a block-causal mask; an attention that cannot keep documents apart is
+    refused. The packs are fixed by
     --seed; --per_device_train_batch_size counts packs, train_samples documents. Evaluation is not packed."""
 
     def __post_init__(self):

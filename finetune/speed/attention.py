@@ -1,6 +1,7 @@
 """Attention without host waits: masks built without asking the device whether a batch holds padding,
 and `--padding_free varlen`, whose attention runs on packed real tokens with torch's variable-length
-kernel (CUDA only; on CPU a reference that computes the same function, for tests).
+kernel (CUDA only; on CPU a reference that computes the same function, for tests). The same kernel,
+causal, runs a decoder's packed documents (`--packing` on CUDA: `use_causal_varlen_attention`).
 
 The varlen batch comes from `finetune.data.batching.VarlenCollator`: one row of the batch's real tokens,
 positions restarting in every pair, and `cu_seq_lens_q`/`_k` built on the CPU. transformers passes
@@ -13,10 +14,12 @@ this path, everything else (hidden-state dropout included) is.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import torch
 from torch import nn
 from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -24,6 +27,7 @@ from finetune.errors import ConfigError
 from finetune.speed.padding_free import MODEL_TYPES
 
 VARLEN_ATTENTION = "finetune_varlen"
+CAUSAL_VARLEN_ATTENTION = "finetune_causal_varlen"
 
 
 def use_sync_free_masks(model: nn.Module) -> None:
@@ -140,3 +144,113 @@ def reference_varlen_attention(query, key, value, bounds, scale=None):
         query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), attn_mask=same, scale=scale
     )
     return output.transpose(0, 1)
+
+
+def use_causal_varlen_attention(model: nn.Module) -> None:
+    """From now on a packed micro-batch (one row, `cu_seq_lens_q`/`_k` bounding its documents, no
+    attention_mask: `packing.forward_inputs`) runs torch's varlen kernel, causal within each document
+    (and within its sliding window), and no mask is built for it; every other forward (evaluation's
+    padded rows, generation: each with its attention_mask) is sdpa's own, with its mask. The kernel has
+    no dropout: `packing.packed_attention` takes this path only for models without attention dropout."""
+    AttentionInterface.register(CAUSAL_VARLEN_ATTENTION, causal_varlen_attention)
+    AttentionMaskInterface.register(CAUSAL_VARLEN_ATTENTION, _sdpa_mask_unless_packed)
+    model.set_attn_implementation(CAUSAL_VARLEN_ATTENTION)
+
+
+def _sdpa_mask_unless_packed(*args, attention_mask=None, **kwargs):
+    # A packed micro-batch comes without a 2D mask (its bounds are cu_seq_lens): none is built, where
+    # transformers would otherwise find the documents in position_ids and build their block mask,
+    # [tokens, tokens] for the micro-batch's whole row.
+    if attention_mask is None:
+        return None
+    return ALL_MASK_ATTENTION_FUNCTIONS["sdpa"](*args, attention_mask=attention_mask, **kwargs)
+
+
+def causal_varlen_attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    sliding_window=None,
+    cu_seq_lens_q=None,
+    cu_seq_lens_k=None,
+    max_length_q=None,
+    max_length_k=None,
+    **kwargs,
+):
+    """A packed micro-batch's [1, heads, tokens, head size] queries (keys and values: their own heads,
+    grouped-query) -> [1, tokens, heads, head size]: each token attends to the earlier tokens of its own
+    document, within `sliding_window` tokens (itself included, as transformers' mask counts). Anything
+    else goes to sdpa as transformers would send it."""
+    if cu_seq_lens_q is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    query, key, value = (t[0].transpose(0, 1) for t in (query, key, value))  # [tokens, heads, head size]
+    window = (sliding_window - 1 if sliding_window else -1, 0)  # flash's (left, right); right 0: causal
+    if query.device.type == "cuda":
+        from torch.nn.attention.varlen import varlen_attn
+
+        options, repeats = varlen_options(torch_varlen_features(), query.shape[1], key.shape[1], window)
+        if repeats > 1:  # a torch whose kernel takes no grouped-query heads: each key/value head, repeated
+            key, value = (t.repeat_interleave(repeats, dim=1) for t in (key, value))
+        output = varlen_attn(
+            query,
+            key,
+            value,
+            cu_seq_lens_q,
+            cu_seq_lens_k,
+            max_length_q,
+            max_length_k,
+            scale=scaling,
+            **options,
+        )
+    else:
+        output = reference_causal_varlen_attention(query, key, value, cu_seq_lens_q, scaling, window[0])
+    return output.unsqueeze(0), None
+
+
+def reference_causal_varlen_attention(query, key, value, bounds, scale=None, left: int = -1):
+    """What torch's kernel computes for `causal_varlen_attention`, on any device: SDPA over all tokens
+    with a mask (a token sees its own segment's keys up to itself, at most `left` back; -1: all).
+    Memory grows with tokens²: for tests and the CPU."""
+    tokens = query.shape[0]
+    at = torch.arange(tokens, device=query.device)
+    segment = torch.searchsorted(bounds[1:], at.to(bounds.dtype), right=True)
+    back = at.unsqueeze(1) - at.unsqueeze(0)  # query index - key index
+    allowed = (segment.unsqueeze(1) == segment.unsqueeze(0)) & (back >= 0) & ((back <= left) | (left < 0))
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1), attn_mask=allowed, scale=scale,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )  # fmt: skip
+    return output.transpose(0, 1)
+
+
+@functools.cache
+def torch_varlen_features() -> frozenset[str]:
+    """What this torch's varlen kernel takes: "causal" (torch 2.10: `is_causal`), "window" (2.11 and
+    later: `window_size`, causal and sliding windows too), "gqa" (`enable_gqa`); empty: no kernel."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return frozenset()
+    names = inspect.signature(varlen_attn).parameters
+    found = {"window", "causal"} if "window_size" in names else {"causal"} if "is_causal" in names else set()
+    return frozenset(found | ({"gqa"} if "enable_gqa" in names else set()))
+
+
+def varlen_options(features: frozenset[str], heads: int, kv_heads: int, window: tuple[int, int]):
+    """The causal kernel's keyword arguments for this torch (`torch_varlen_features`), and how many times
+    to repeat each key/value head where it takes no grouped-query heads."""
+    if "window" in features:
+        options = {"window_size": window}
+    elif window[0] == -1 and "causal" in features:
+        options = {"is_causal": True}
+    else:
+        raise RuntimeError(f"torch {torch.__version__}'s varlen attention takes no window of {window[0] + 1}")
+    if heads != kv_heads and "gqa" in features:
+        return {**options, "enable_gqa": True}, 1
+    return options, heads // kv_heads

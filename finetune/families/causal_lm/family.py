@@ -42,6 +42,7 @@ from finetune.model.gguf_files import as_plain_weights, check_gguf, read_once
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
 from finetune.output.card import CardParts
+from finetune.speed.attention import use_causal_varlen_attention
 from finetune.speed.memory import enable_gradient_checkpointing
 from finetune.training.evaluation import EvaluationAbandoned
 
@@ -96,7 +97,13 @@ class CausalLM:
         refuse_checkpoint_dtype(model, args, device_type, bf16_native)
         changes = _fit_tokenizer(model, tokenizer)
         if args.packing:  # refused here, before the data is encoded, if the attention cannot
-            self.packed = packed_attention(model, args.max_length)
+            half = accelerator.mixed_precision in ("bf16", "fp16") or model.dtype in (
+                torch.bfloat16,
+                torch.float16,
+            )
+            self.packed = packed_attention(model, args.max_length, device_type, half)
+            if self.packed.torch_kernel:
+                use_causal_varlen_attention(model)
         model.config.use_cache = False  # training: no key/value cache; generation's config turns it on
         prepare_generation(model, tokenizer, args)  # what generation and the exported model decode with
         # Compiled (the flag or an accelerate config), a hook added per call would recompile the graph.

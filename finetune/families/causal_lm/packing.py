@@ -2,9 +2,10 @@
 each document kept apart from the others in its pack.
 
 Apart means the same loss as unpacked, row for row: positions restart at 0 in every document, no token
-attends to another document's (flash_attention_2: one varlen row bounded per document; sdpa and eager:
-a 4D block-causal mask), and a document's first token is no target, so the token before it (the
-previous document's last) predicts nothing. An attention implementation this cannot be built for is
+attends to another document's (flash_attention_2, and sdpa on CUDA in half precision through torch's own
+varlen kernel: one varlen row bounded per document; sdpa elsewhere and eager: a 4D block-causal mask),
+and a document's first token is no target, so the token before it (the previous document's last)
+predicts nothing. An attention implementation this cannot be built for is
 refused. The packs are a pure function of (the encoded rows, --seed): built once, before the loaders,
 whose sampler then shuffles whole packs per (seed, epoch), so a packed run resumes bitwise.
 """
@@ -21,6 +22,7 @@ from datasets import Dataset
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import POSITIONS, target_positions
 from finetune.families.causal_lm.conversations import IGNORE
+from finetune.speed.attention import torch_varlen_features
 
 VARLEN = ("flash_attention_2", "flash_attention_3")
 """transformers' flash attentions: `_flash_attention_forward` runs varlen from `cu_seq_lens_*` (or, for
@@ -43,12 +45,16 @@ class PackedAttention:
     """flash: the micro-batch's packs as one row, bounded by cu_seq_lens; else a 4D block-causal mask."""
     mask_dtype: torch.dtype | None = None
     """eager's additive mask dtype (the model's); None: sdpa's boolean mask."""
+    torch_kernel: bool = False
+    """varlen through torch's own kernel (`speed.attention.use_causal_varlen_attention`), not flash-attn's:
+    sdpa on CUDA in bf16 or fp16, which otherwise gets the mask, [tokens, tokens] per pack."""
 
 
-def packed_attention(model, max_length: int) -> PackedAttention:
-    """The way `model` (before LoRA) keeps packed documents apart, or a ConfigError: layers no mask
-    reaches (chunked, linear), an attention for which no such mask is built, or a sliding window the 4D
-    mask would widen to --max_length."""
+def packed_attention(model, max_length: int, device_type: str = "cpu", half: bool = False) -> PackedAttention:
+    """The way `model` (before LoRA) keeps packed documents apart on `device_type`, `half` when its
+    attention computes in bf16 or fp16; or a ConfigError: layers no mask reaches (chunked, linear), an
+    attention for which no such mask is built, or a sliding window the 4D mask would widen to
+    --max_length."""
     config = model.config
     implementation = config._attn_implementation
     kinds = set(getattr(config, "layer_types", None) or ())
@@ -72,15 +78,33 @@ def packed_attention(model, max_length: int) -> PackedAttention:
         )
     window = getattr(config, "sliding_window", None)
     sliding = getattr(config, "use_sliding_window", True) and (not kinds or "sliding_attention" in kinds)
-    if window and sliding and window < max_length:
+    narrow = bool(window and sliding and window < max_length)  # a sliding window shorter than the packs
+    kernel = torch_varlen_features() if device_type == "cuda" and half else frozenset()
+    takes = "causal" in kernel and ("window" in kernel or not narrow)
+    if implementation == "sdpa" and takes and _plain_attention(model):
+        return PackedAttention(varlen=True, torch_kernel=True)
+    if narrow:
         raise ConfigError(
             f"--packing: {config.model_type}'s sliding window of {window} tokens would widen to whole packs "
-            f"under {implementation}'s block-causal mask; lower --max_length to {window}, or use "
-            "--attn_implementation flash_attention_2 on CUDA",
+            f"under {implementation}'s block-causal mask; lower --max_length to {window}, or train on CUDA "
+            "in bf16 (torch's varlen kernel keeps the window)",
             flag="--packing",
-            fix=f"lower --max_length to {window}, or use --attn_implementation flash_attention_2 on CUDA",
+            fix=f"lower --max_length to {window}, or train on CUDA in bf16",
         )
     return PackedAttention(varlen=False, mask_dtype=model.dtype if implementation == "eager" else None)
+
+
+def _plain_attention(model) -> bool:
+    """Whether the model's attention is softmax(q·kᵀ·scale)·v under its mask, all torch's varlen kernel
+    computes: through transformers' attention functions, with no attention dropout (the kernel has
+    none), logit soft-capping or sink logits."""
+    config = model.config
+    return (
+        getattr(model, "_supports_attention_backend", False)
+        and not getattr(config, "attention_dropout", 0.0)
+        and getattr(config, "attn_logit_softcapping", None) is None
+        and not any(hasattr(module, "sinks") for module in model.modules())
+    )
 
 
 def best_fit_decreasing(lengths: list[int], capacity: int, seed: int) -> list[list[int]]:
