@@ -131,8 +131,8 @@ class DataArgs:
     and attends to and predicts only itself, so the loss is the same as unpacked: on CUDA the packs run as
     one varlen row (sdpa in bf16/fp16 through torch's varlen kernel, or flash_attention_2), elsewhere (sdpa
     in fp32 or on CPU, eager) with a block-causal mask; an attention that cannot keep documents apart is
-    refused. The packs are fixed by
-    --seed; --per_device_train_batch_size counts packs, train_samples documents. Evaluation is not packed."""
+    refused. The packs are fixed by --seed; --per_device_train_batch_size counts packs, train_samples
+    documents. Evaluation is not packed."""
 
     def __post_init__(self):
         """Checks of this group's flags alone (values from YAML or Python arrive unchecked)."""

@@ -69,11 +69,15 @@ def check_varlen(model: nn.Module) -> None:
         )
 
 
+def computes_in_half(model: nn.Module, mixed_precision: str) -> bool:
+    """Whether the model's attention sees bf16 or fp16: autocast, or half-precision weights."""
+    return mixed_precision in ("bf16", "fp16") or model.dtype in (torch.bfloat16, torch.float16)
+
+
 def check_varlen_precision(model: nn.Module, device_type: str, mixed_precision: str) -> None:
     """torch's CUDA varlen kernel is FlashAttention's, which takes bf16 and fp16 only: a run whose
     attention would see fp32 is refused before training rather than failing at its first forward."""
-    half = mixed_precision in ("bf16", "fp16") or model.dtype in (torch.bfloat16, torch.float16)
-    if device_type == "cuda" and not half:
+    if device_type == "cuda" and not computes_in_half(model, mixed_precision):
         raise ConfigError(
             "--padding_free varlen: torch's varlen attention on CUDA takes bf16 or fp16 only, and this run "
             "trains in fp32; use --mixed_precision bf16, or --padding_free false",

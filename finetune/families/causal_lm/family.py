@@ -42,7 +42,7 @@ from finetune.model.gguf_files import as_plain_weights, check_gguf, read_once
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
 from finetune.output.card import CardParts
-from finetune.speed.attention import use_causal_varlen_attention
+from finetune.speed.attention import computes_in_half, use_causal_varlen_attention
 from finetune.speed.memory import enable_gradient_checkpointing
 from finetune.training.evaluation import EvaluationAbandoned
 
@@ -97,10 +97,7 @@ class CausalLM:
         refuse_checkpoint_dtype(model, args, device_type, bf16_native)
         changes = _fit_tokenizer(model, tokenizer)
         if args.packing:  # refused here, before the data is encoded, if the attention cannot
-            half = accelerator.mixed_precision in ("bf16", "fp16") or model.dtype in (
-                torch.bfloat16,
-                torch.float16,
-            )
+            half = computes_in_half(model, accelerator.mixed_precision)
             self.packed = packed_attention(model, args.max_length, device_type, half)
             if self.packed.torch_kernel:
                 use_causal_varlen_attention(model)

@@ -5,9 +5,9 @@ Apart means the same loss as unpacked, row for row: positions restart at 0 in ev
 attends to another document's (flash_attention_2, and sdpa on CUDA in half precision through torch's own
 varlen kernel: one varlen row bounded per document; sdpa elsewhere and eager: a 4D block-causal mask),
 and a document's first token is no target, so the token before it (the previous document's last)
-predicts nothing. An attention implementation this cannot be built for is
-refused. The packs are a pure function of (the encoded rows, --seed): built once, before the loaders,
-whose sampler then shuffles whole packs per (seed, epoch), so a packed run resumes bitwise.
+predicts nothing. An attention implementation this cannot be built for is refused. The packs are a pure
+function of (the encoded rows, --seed): built once, before the loaders, whose sampler then shuffles whole
+packs per (seed, epoch), so a packed run resumes bitwise.
 """
 
 from __future__ import annotations
