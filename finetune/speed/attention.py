@@ -193,7 +193,17 @@ def causal_varlen_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    if dropout:
+        raise RuntimeError(
+            "torch's varlen kernel has no attention dropout: packing should have kept the mask"
+        )
     query, key, value = (t[0].transpose(0, 1) for t in (query, key, value))  # [tokens, heads, head size]
+    device = query.device.type
+    if torch.is_autocast_enabled(device):
+        # Autocast casts sdpa's inputs, not this kernel's: rotary embeddings in fp32 leave queries and keys
+        # in fp32 beside bf16 values, and the kernel takes one half-precision dtype.
+        half = torch.get_autocast_dtype(device)
+        query, key, value = (t.to(half) for t in (query, key, value))
     window = (sliding_window - 1 if sliding_window else -1, 0)  # flash's (left, right); right 0: causal
     if query.device.type == "cuda":
         from torch.nn.attention.varlen import varlen_attn
@@ -221,6 +231,8 @@ def reference_causal_varlen_attention(query, key, value, bounds, scale=None, lef
     """What torch's kernel computes for `causal_varlen_attention`, on any device: SDPA over all tokens
     with a mask (a token sees its own segment's keys up to itself, at most `left` back; -1: all).
     Memory grows with tokens²: for tests and the CPU."""
+    if not query.dtype == key.dtype == value.dtype:  # as the kernel, which takes one dtype
+        raise TypeError(f"queries, keys and values in {query.dtype}, {key.dtype}, {value.dtype}")
     tokens = query.shape[0]
     at = torch.arange(tokens, device=query.device)
     segment = torch.searchsorted(bounds[1:], at.to(bounds.dtype), right=True)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from finetune.errors import ConfigError
 from finetune.families.causal_lm.conversations import IGNORE
 from finetune.families.causal_lm.packing import PackedAttention, forward_inputs, packed_attention
 from finetune.speed.attention import (
@@ -117,3 +118,33 @@ def test_the_kernels_arguments_follow_what_this_torch_takes():
     with pytest.raises(RuntimeError, match="no window of 8"):
         varlen_options(frozenset({"causal"}), 4, 4, (7, 0))
     assert {"causal", "window"} <= torch_varlen_features()  # the torch the tests pin (2.13)
+
+
+def test_under_autocast_the_kernel_gets_one_half_precision_dtype(tiny_lms):
+    """Rotary embeddings in fp32 turn autocast's bf16 queries and keys back to fp32 beside bf16 values;
+    autocast casts sdpa's inputs but not the kernel's, which takes one half-precision dtype (the reference
+    refuses mixed dtypes as the kernel does)."""
+    _, varlen = models(tiny_lms, "llama")
+    _, batch = collated(documents(4, seed=1), varlen=True, capacity=64)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        logits = varlen(**forward_inputs(batch, TORCH_KERNEL)).logits
+    assert torch.isfinite(logits).all()
+
+
+def test_attention_dropout_and_a_window_its_layers_do_not_pass_keep_the_mask():
+    """GPT-2's attention dropout is attn_pdrop; Qwen2-MoE's layers pass no sliding window to the attention
+    function, so the kernel would attend to the whole pack: both keep the mask (Qwen2-MoE's narrow window
+    is then refused, as on the CPU)."""
+    from transformers import AutoConfig
+
+    gpt2 = AutoModelForCausalLM.from_config(_decoder_config("gpt2", 100, 1), attn_implementation="sdpa")
+    assert gpt2.config.attn_pdrop and not packed_attention(gpt2, 64, "cuda", half=True).varlen
+    moe = AutoConfig.for_model(
+        "qwen2_moe", vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+        max_window_layers=4, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_config(moe, attn_implementation="sdpa")
+    with pytest.raises(ConfigError, match="sliding window of 8"):
+        packed_attention(model, 64, "cuda", half=True)

@@ -80,7 +80,8 @@ def packed_attention(model, max_length: int, device_type: str = "cpu", half: boo
     sliding = getattr(config, "use_sliding_window", True) and (not kinds or "sliding_attention" in kinds)
     narrow = bool(window and sliding and window < max_length)  # a sliding window shorter than the packs
     kernel = torch_varlen_features() if device_type == "cuda" and half else frozenset()
-    takes = "causal" in kernel and ("window" in kernel or not narrow)
+    windowed = "window" in kernel and config.model_type in WINDOW_PASSED
+    takes = "causal" in kernel and (windowed or not narrow)
     if implementation == "sdpa" and takes and _plain_attention(model):
         return PackedAttention(varlen=True, torch_kernel=True)
     if narrow:
@@ -94,14 +95,22 @@ def packed_attention(model, max_length: int, device_type: str = "cpu", half: boo
     return PackedAttention(varlen=False, mask_dtype=model.dtype if implementation == "eager" else None)
 
 
+WINDOW_PASSED = frozenset({"mistral", "mixtral", "ministral", "qwen2", "qwen3", "phi3", "starcoder2",
+                           "gemma3_text", "cohere2", "olmo3", "exaone4"})  # fmt: skip
+"""Models whose attention layers hand their sliding window to the attention function, so the kernel can
+keep it (each checked against sdpa's mask on the CPU, 2026-11-28); others with a window narrower than the
+packs keep the mask, as Qwen2-MoE must: its layers pass none, and would attend to the whole pack."""
+
+
 def _plain_attention(model) -> bool:
     """Whether the model's attention is softmax(q·kᵀ·scale)·v under its mask, all torch's varlen kernel
     computes: through transformers' attention functions, with no attention dropout (the kernel has
-    none), logit soft-capping or sink logits."""
+    none; GPT-2 names it attn_pdrop), logit soft-capping or sink logits."""
     config = model.config
     return (
         getattr(model, "_supports_attention_backend", False)
         and not getattr(config, "attention_dropout", 0.0)
+        and not getattr(config, "attn_pdrop", 0.0)
         and getattr(config, "attn_logit_softcapping", None) is None
         and not any(hasattr(module, "sinks") for module in model.modules())
     )
