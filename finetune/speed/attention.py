@@ -205,7 +205,7 @@ def causal_varlen_attention(
         half = torch.get_autocast_dtype(device)
         query, key, value = (t.to(half) for t in (query, key, value))
     window = (sliding_window - 1 if sliding_window else -1, 0)  # flash's (left, right); right 0: causal
-    if query.device.type == "cuda":
+    if device == "cuda":
         from torch.nn.attention.varlen import varlen_attn
 
         options, repeats = varlen_options(torch_varlen_features(), query.shape[1], key.shape[1], window)
