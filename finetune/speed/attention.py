@@ -190,6 +190,8 @@ def causal_varlen_attention(
     document, within `sliding_window` tokens (itself included, as transformers' mask counts). Anything
     else goes to sdpa as transformers would send it."""
     if cu_seq_lens_q is None:
+        if attention_mask is None and sliding_window and key.shape[2] > sliding_window:
+            attention_mask = _window_mask(query.shape[2], key.shape[2], sliding_window, query.device)
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -225,6 +227,13 @@ def causal_varlen_attention(
     else:
         output = reference_causal_varlen_attention(query, key, value, cu_seq_lens_q, scaling, window[0])
     return output.unsqueeze(0), None
+
+
+def _window_mask(queries: int, keys: int, window: int, device) -> torch.Tensor:
+    # A forward with neither a 2D mask nor bounds: `_sdpa_mask_unless_packed` built no mask, and sdpa's
+    # `is_causal` alone would let a token see past its window. The queries are the keys' last ones.
+    back = torch.arange(keys - queries, keys, device=device).unsqueeze(1) - torch.arange(keys, device=device)
+    return ((back >= 0) & (back < window))[None, None]
 
 
 def reference_causal_varlen_attention(query, key, value, bounds, scale=None, left: int = -1):

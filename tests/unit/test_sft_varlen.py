@@ -94,6 +94,16 @@ def test_padded_rows_keep_sdpas_mask(tiny_lms):
     torch.testing.assert_close(ours[real], theirs[real], rtol=1e-5, atol=1e-5)
 
 
+def test_rows_without_any_mask_keep_their_sliding_window():
+    """A forward given neither a mask nor bounds (a user's own call) still sees only its window."""
+    plain = sliding_mistral(4)
+    varlen = switched_copy(plain)
+    ids = torch.randint(5, 90, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = (m(input_ids=ids).logits for m in (varlen, plain))
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_sdpa_on_cuda_in_half_precision_takes_the_kernel_and_nothing_else_does(tiny_lms):
     model = AutoModelForCausalLM.from_pretrained(tiny_lms["llama"], attn_implementation="sdpa")
     assert packed_attention(model, 128, "cuda", half=True).torch_kernel
