@@ -29,7 +29,7 @@ import yaml
 from finetune.distributed.gloo_address import gloo_problem
 from finetune.errors import ConfigError, OneLineParser
 
-HELLO = "finetune-preflight"
+HELLO = "finetune-preflight/2"  # /2: a second line, the machine's gloo verdict (none before 2026-11-28)
 ACK_WITHIN = 5.0  # seconds: the main machine's preflight answers a hello at once
 MAX_TIMEOUT_S = 7 * 24 * 3600  # a week; far above it a socket's timeout overflows
 
@@ -137,10 +137,15 @@ def _greet(peer: socket.socket, machines: int, seen: set[int]) -> tuple[int, str
     peer.settimeout(ACK_WITHIN)
     try:
         with peer.makefile("r", errors="replace") as reader:
-            words, gloo = reader.readline(256).split(), reader.readline(4096).rstrip("\n")
+            words = reader.readline(256).split()
+            if words and words[0].split("/")[0] == HELLO.split("/")[0] and words[0] != HELLO:
+                _refuse_version(peer, words)
+            gloo = reader.readline(4096).rstrip("\n")
         if len(words) != 3 or words[0] != HELLO or not gloo.startswith("gloo "):
             raise ValueError
         rank, theirs = int(words[1]), int(words[2])
+    except ConfigError:
+        raise
     except (OSError, ValueError):
         peer.close()  # not a preflight (a port scanner, a stray client)
         return None
@@ -156,6 +161,22 @@ def _greet(peer: socket.socket, machines: int, seen: set[int]) -> tuple[int, str
         return None
     gloo = gloo.removeprefix("gloo ")
     return rank, "" if gloo == "ok" else gloo
+
+
+def _refuse_version(peer: socket.socket, words: list[str]):
+    """Another finetune's preflight, which would not understand this one's answers: both machines stop,
+    each saying so (the other machine's finetune, if older, reads this as an error to print)."""
+    where = f"machine_rank {words[1]}" if len(words) > 1 else "another machine"
+    problem = ConfigError(
+        f"{where} runs another version of finetune (preflight {words[0]}, here {HELLO}); install the same "
+        "finetune on every machine",
+        flag="finetune version",
+        fix="install the same finetune on every machine",
+    )
+    with contextlib.suppress(OSError):
+        peer.sendall(f"error {problem}\n".encode())
+    peer.close()
+    raise problem
 
 
 def _gloo_elsewhere(rank: int, problem: str) -> ConfigError:
@@ -200,13 +221,17 @@ def other_machine(
             first = reader.readline().strip()
         except OSError:
             first = ""
+        if first.startswith("error ") and "version of finetune" in first:
+            raise ConfigError(first.removeprefix("error "), flag="finetune version",
+                              fix="install the same finetune on every machine")  # fmt: skip
         if first.startswith("error "):
             raise ConfigError(first.removeprefix("error ") + "; give every machine the same settings",
                               flag="machine_rank" if "machine_rank" in first else "num_machines")  # fmt: skip
         if first != "hello":
             raise ConfigError(
                 f"another program, not the main machine's preflight, answers at {where}: "
-                "main_process_port is taken there (or main_process_ip is another machine); set "
+                "main_process_port is taken there (or main_process_ip is another machine, or it runs "
+                "another version of finetune); set "
                 "main_process_port to a free port on the main machine, the same on every machine",
                 flag="main_process_port",
                 fix="a port free on the machine_rank 0 machine",

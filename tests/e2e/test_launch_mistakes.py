@@ -150,6 +150,50 @@ def test_a_gloo_problem_on_one_machine_stops_every_machine(at_fault):
         launcher.bind(("127.0.0.1", port))
 
 
+def test_machines_with_different_finetune_versions_both_say_so():
+    """Another version's preflight speaks another protocol: each machine stops at once and names the
+    version, rather than waiting for the other until --timeout and blaming num_machines or the port."""
+    port, outcome = free_port(), {}
+    newer = (f"import finetune.distributed.preflight as p; p.HELLO = 'finetune-preflight/99'; "
+             f"p.other_machine('127.0.0.1', {port}, 1, 2, {TIMEOUT + 10})")  # fmt: skip
+    other = subprocess.Popen([PYTHON, "-c", newer], cwd=REPO, stderr=subprocess.PIPE, text=True)
+
+    def main(port: int) -> None:
+        try:
+            main_machine("127.0.0.1", port, 2, TIMEOUT + 10)
+        except ConfigError as error:
+            outcome[port] = error
+
+    thread = threading.Thread(target=main, args=(port,))
+    thread.start()
+    thread.join(TIMEOUT + 20)
+    newest = str(outcome[port])
+    assert outcome[port].flag == "finetune version" and "(preflight finetune-preflight/99" in newest, newest
+    code, line, _ = ends(other, 10)
+    assert code != 0 and "ConfigError: machine_rank 1 runs another version of finetune" in line, line
+    # A finetune from before the versions (its hello has none) hears the same line.
+    port = free_port()
+    thread = threading.Thread(target=main, args=(port,))
+    thread.start()
+    old = connect_within("127.0.0.1", port, 10)
+    with old, old.makefile() as reply:
+        old.sendall(b"finetune-preflight 1 2\n")
+        assert reply.readline().startswith("error machine_rank 1 runs another version of finetune")
+    thread.join(20)
+    assert outcome[port].flag == "finetune version"
+
+
+def connect_within(ip: str, port: int, seconds: float) -> socket.socket:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return socket.create_connection((ip, port), timeout=seconds)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def test_launcher_rendezvous_is_bounded_by_rdzv_conf_timeout():
     """Without the preflight, the launcher's own bound: `--rdzv_conf timeout=N` (900 s by default)."""
     command = [ACCELERATE, "launch", "--config_file", CONFIG, "--num_processes", "2", "--machine_rank", "0",
