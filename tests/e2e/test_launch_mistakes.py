@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from finetune.distributed.preflight import check, main_machine, other_machine
+from finetune.distributed.meeting import main_machine, other_machine
+from finetune.distributed.preflight import check
 from finetune.errors import ConfigError
 from tests.helpers import PYTHON, REPO, free_port
 
@@ -154,7 +155,7 @@ def test_machines_with_different_finetune_versions_both_say_so():
     """Another version's preflight speaks another protocol: each machine stops at once and names the
     version, rather than waiting for the other until --timeout and blaming num_machines or the port."""
     port, outcome = free_port(), {}
-    newer = (f"import finetune.distributed.preflight as p; p.HELLO = 'finetune-preflight/99'; "
+    newer = (f"import finetune.distributed.meeting as p; p.HELLO = 'finetune-preflight/99'; "
              f"p.other_machine('127.0.0.1', {port}, 1, 2, {TIMEOUT + 10})")  # fmt: skip
     other = subprocess.Popen([PYTHON, "-c", newer], cwd=REPO, stderr=subprocess.PIPE, text=True)
 
@@ -175,23 +176,29 @@ def test_machines_with_different_finetune_versions_both_say_so():
     port = free_port()
     thread = threading.Thread(target=main, args=(port,))
     thread.start()
-    old = connect_within("127.0.0.1", port, 10)
-    with old, old.makefile() as reply:
-        old.sendall(b"finetune-preflight 1 2\n")
-        assert reply.readline().startswith("error machine_rank 1 runs another version of finetune")
+    assert answer("127.0.0.1", port, b"finetune-preflight 1 2\n", 10).startswith(
+        "error machine_rank 1 runs another version of finetune"
+    )
     thread.join(20)
     assert outcome[port].flag == "finetune version"
 
 
-def connect_within(ip: str, port: int, seconds: float) -> socket.socket:
+def answer(ip: str, port: int, hello: bytes, seconds: float) -> str:
+    """The first line a main machine's preflight answers to `hello`, tried until it listens (its check
+    that the port is free listens there a moment too, and resets what connects then)."""
     deadline = time.monotonic() + seconds
     while True:
         try:
-            return socket.create_connection((ip, port), timeout=seconds)
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            with socket.create_connection((ip, port), timeout=seconds) as peer, peer.makefile() as reply:
+                peer.sendall(hello)
+                line = reply.readline()
+            if line:
+                return line
+        except (ConnectionRefusedError, ConnectionResetError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no answer at {ip}:{port}")
+        time.sleep(0.05)
 
 
 def test_launcher_rendezvous_is_bounded_by_rdzv_conf_timeout():
