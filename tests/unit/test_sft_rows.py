@@ -320,6 +320,59 @@ def test_null_fields_that_datasets_adds_to_messages_are_not_rendered(tmp_path, c
     assert "[ann]" in chatml.decode(encoded.input_ids) and "None" not in chatml.decode(encoded.input_ids)
 
 
+def test_a_template_that_drops_tool_calls_or_tools_is_refused_naming_the_row(tmp_path, chatml):
+    """Plain ChatML (SmolLM2's template) writes a message's content only: a tool-calling turn would train
+    the model to answer with an empty turn, and the row's tools would never reach the prompt."""
+    call = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    calling = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [call]}]  # fmt: skip
+    error = refused(encode, {"messages": calling}, "messages", chatml)
+    assert "row 7 has an assistant turn whose tool_calls the chat template does not write (message 1" in str(
+        error
+    ) and error.fix.startswith("give --chat_template FILE.jinja that renders tool_calls")
+    schema = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    error = refused(encode, {"messages": CONVERSATION, "tools": [schema]}, "messages", chatml)
+    assert "row 7 gives tools, which the chat template does not write" in str(error)
+    written = encode(
+        {"messages": calling, "tools": [schema]}, "messages", with_template(chatml, TOOLS_CHATML)
+    )
+    assert written.targets > 0
+
+
+def test_a_null_in_a_calls_arguments_is_the_users_and_a_parquet_structs_padding_is_not(tmp_path, chatml):
+    """JSON lines keep each object as written: `"unit": null` is an argument the model must learn to write.
+    A Parquet file of Arrow structs gives every call every argument any call has, null where it had none:
+    those nulls are not the user's, and are not rendered."""
+    import contextlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from finetune.config.train_config import TrainConfig
+    from finetune.families.causal_lm.data import encode_splits, load_lm_splits
+
+    def conversation(arguments: dict) -> dict:
+        call = {"type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+        return {"messages": [{"role": "user", "content": "Weather?"},
+                             {"role": "assistant", "content": "", "tool_calls": [call]}]}  # fmt: skip
+
+    rows = [conversation({"city": "Paris", "unit": None}), conversation({"city": "Rome", "days": 2})]
+    (tmp_path / "calls.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    pq.write_table(
+        pa.Table.from_pylist(rows[1:] + [conversation({"city": "Oslo"})]), tmp_path / "calls.parquet"
+    )
+    tokenizer = with_template(chatml, TOOLS_CHATML)
+    one_process = SimpleNamespace(main_process_first=contextlib.nullcontext)
+    texts = {}
+    for name in ("calls.jsonl", "calls.parquet"):
+        config = TrainConfig(task_type="causal_lm", train_file=str(tmp_path / name), eval_strategy="no")
+        task, splits = load_lm_splits(config)
+        encoded = encode_splits(task, splits, tokenizer, config, one_process)["train"]
+        texts[name] = [tokenizer.decode(ids) for ids in encoded["input_ids"]]
+    assert '"arguments": {"city": "Paris", "unit": null}' in texts["calls.jsonl"][0], texts
+    assert '"arguments": {"city": "Oslo"}' in texts["calls.parquet"][1], texts  # no "days": null
+
+
 # Prompt-completion strings and text
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from datasets.features import Json
+
 from finetune.errors import shorten
 from finetune.families.causal_lm.rows import refusal
 
@@ -81,15 +83,46 @@ def encode_row(
     return Encoded(ids[:max_length], labels[:max_length], truncated=len(ids) > max_length)
 
 
+CONVERSATION_COLUMNS = ("messages", "prompt", "completion", "tools")
+
+
+def struct_columns(features) -> frozenset[str]:
+    """The conversation columns of a split that Arrow stores as structs (a Parquet file written by pyarrow
+    or pandas): each of their objects has every field any other has, null where it had none, so those
+    nulls are padding. A JSON column (datasets' `Json`: JSON lines, and what datasets writes) holds the
+    rows' objects as written: a null there is the user's, such as an argument's value."""
+    return frozenset(
+        column for column in CONVERSATION_COLUMNS if column in features and not _holds_json(features[column])
+    )
+
+
+def _holds_json(feature) -> bool:
+    if isinstance(feature, Json):
+        return True
+    if isinstance(feature, dict):
+        return any(_holds_json(inner) for inner in feature.values())
+    inner = getattr(feature, "feature", None)  # List, LargeList
+    return inner is not None and _holds_json(inner)
+
+
+def unpadded(row: dict, structs: frozenset[str]) -> dict:
+    """`row` less the padding nulls of its struct columns (`struct_columns`), at every depth."""
+    return {column: without_nulls(value) if column in structs else value for column, value in row.items()}
+
+
 def without_nulls(value):
-    """`value` less the null fields `datasets` adds: it gives every message (and nested call) every field
-    that any of the column's has, null where it had none, and a template asking `is defined` would render
-    them."""
+    """`value` less its null fields, at every depth (a template asking `is defined` would render them)."""
     if isinstance(value, dict):
         return {key: without_nulls(v) for key, v in value.items() if v is not None}
     if isinstance(value, list):
         return [without_nulls(v) for v in value]
     return value
+
+
+def _messages_without_nulls(messages: list[dict]) -> list[dict]:
+    # A message's own null fields (OpenAI's `"content": null` beside tool_calls) would render as "None";
+    # what they hold (a call's arguments) is left as written.
+    return [{key: v for key, v in message.items() if v is not None} for message in messages]
 
 
 def row_tools(row: dict, refuse) -> list | None:
@@ -105,7 +138,7 @@ def row_tools(row: dict, refuse) -> list | None:
         return None
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         raise refuse("has a tools cell that is not a list of schemas", TOOLS_FIX)
-    return without_nulls(tools)
+    return tools
 
 
 def _ending_with_eos(ids: list[int], tokenizer, refuse) -> list[int]:
@@ -172,12 +205,15 @@ def end_of_turn(tokenizer) -> list[int]:
 
 
 def render_chat(tokenizer, messages: list[dict], tools, add_generation_prompt: bool, refuse, fix=None) -> str:
-    """`messages` (null fields dropped) and the row's `tools` as the chat template renders them; a row it
-    cannot render (jinja's TemplateError, or a Python error of the template's own, such as str + int) is
-    refused in one line, with `fix` (default: fix the row, or another template)."""
+    """`messages` (each message's null fields dropped) and the row's `tools` as the chat template renders
+    them; a row it cannot render (jinja's TemplateError, or a Python error of the template's own, such as
+    str + int) is refused in one line, with `fix` (default: fix the row, or another template)."""
     try:
         return tokenizer.apply_chat_template(
-            without_nulls(messages), tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+            _messages_without_nulls(messages),
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
         )
     except Exception as error:
         reason = shorten(" ".join(str(error).split()) or type(error).__name__, 120)
@@ -201,6 +237,11 @@ def _conversation(
         return render_chat(tokenizer, turns, tools, add_generation_prompt, refuse)
 
     full = render(messages)
+    if tools and full == render_chat(tokenizer, messages, None, False, refuse):
+        raise refuse(
+            "gives tools, which the chat template does not write into the conversation",
+            f"{TEMPLATE_FIX} that renders tools (as its model's own template does), or drop the tools column",
+        )
     if not assistant_only_loss and prompt_turns is None:
         ids = tokenizer(full, add_special_tokens=False)["input_ids"]
         return ids, list(ids)
@@ -258,8 +299,22 @@ def _target_spans(messages, prompt_turns: int | None, full: str, render, assista
                 f"has an assistant turn that the chat template renders as nothing (message {i})",
                 f"{TEMPLATE_FIX} that writes every assistant turn, or {EVERY_TOKEN}",
             )
+        unwritten = [name for name in _call_names(messages[i]) if name not in full[len(before) : end]]
+        if unwritten:
+            raise refuse(
+                f"has an assistant turn whose tool_calls the chat template does not write (message {i}: "
+                f"{unwritten[0]!r} is not in it), so the model would learn to answer with nothing",
+                f"{TEMPLATE_FIX} that renders tool_calls (as its model's own template does)",
+            )
         spans.append((len(before), end, i))
     return spans
+
+
+def _call_names(message: dict) -> list[str]:
+    """The function names of an assistant turn's tool_calls (OpenAI's {"function": {"name"}}, or {"name"})."""
+    calls = [call for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+    functions = [call["function"] if isinstance(call.get("function"), dict) else call for call in calls]
+    return [function["name"] for function in functions if isinstance(function.get("name"), str)]
 
 
 def _labels_in_spans(ids: list[int], offsets, spans, text: str, refuse) -> list[int]:

@@ -15,7 +15,14 @@ from datasets import Dataset
 from finetune.data.sources import load_data_file, load_dataset_splits
 from finetune.data.tokenization import tokenizer_state
 from finetune.errors import ConfigError
-from finetune.families.causal_lm.conversations import IGNORE, appended_tokens, encode_row, end_of_turn
+from finetune.families.causal_lm.conversations import (
+    IGNORE,
+    appended_tokens,
+    encode_row,
+    end_of_turn,
+    struct_columns,
+    unpadded,
+)
 from finetune.families.causal_lm.generation import check_prompts
 from finetune.families.causal_lm.rows import check_rows, detect_format
 
@@ -163,10 +170,10 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
 
     appended = appended_tokens(tokenizer)  # once, not per row
 
-    def encode(batch, rows, source):
+    def encode(batch, rows, source, structs):
         encoded = {"input_ids": [], "labels": [], "length": [], "truncated": [], "targets": [], "row": []}
         for i, row_number in enumerate(rows):
-            row = {column: values[i] for column, values in batch.items()}
+            row = unpadded({column: values[i] for column, values in batch.items()}, structs)
             done = encode_row(
                 row, fmt, tokenizer, **options, row_number=row_number, source=source, appended=appended
             )
@@ -187,7 +194,7 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
                 encode,
                 batched=True,
                 with_indices=True,
-                fn_kwargs={"source": source},
+                fn_kwargs={"source": source, "structs": struct_columns(split.features)},
                 remove_columns=split.column_names,
                 desc=f"encode {name}",
                 new_fingerprint=_key(split, name, decides),

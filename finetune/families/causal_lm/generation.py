@@ -31,6 +31,8 @@ from finetune.families.causal_lm.conversations import (
     end_of_turn,
     render_chat,
     row_tools,
+    struct_columns,
+    unpadded,
 )
 from finetune.families.causal_lm.rows import check_messages, check_rows, check_string, refusal
 from finetune.training.evaluation import EvaluationAbandoned
@@ -156,7 +158,9 @@ def encode_prompts(task, splits: dict, tokenizer, config, sources: dict) -> dict
 
 def _encode(split, fmt: str, tokenizer, max_length: int, source: str, references: bool) -> Prompts:
     rows, refs, truncated, appended = [], [], 0, appended_tokens(tokenizer)
+    structs = struct_columns(split.features)
     for number, row in enumerate(split):
+        row = unpadded(row, structs)
         refuse = functools.partial(refusal, source, number)  # (what, fix): the row's one-line error
         if fmt == "prompt_completion":  # as training tokenizes a prompt: with the tokenizer's BOS, no EOS
             ids, reference = tokenizer(row["prompt"])["input_ids"], row.get("completion")
