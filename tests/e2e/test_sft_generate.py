@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoTokenizer, GenerationConfig, pipeline
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, pipeline
 
 from finetune.errors import ConfigError
 from finetune.mnli import main
@@ -136,6 +137,28 @@ def test_pipeline_answers_as_predictions_greedily(repeater):
         for row in read_jsonl(folder / "prompts.jsonl")
     ]
     assert answers == [p["completion"] for p in read_jsonl(out / "predictions.jsonl")]
+
+
+def test_predictions_under_bf16_autocast_are_the_fp32_weights_own(repeater, tmp_path):
+    """`--mixed_precision bf16` over fp32 weights (the default on bf16 CPUs and GPUs) trains under
+    autocast, but the exported model generates in fp32: predictions are generated without autocast, so
+    they stay the exported model's. A model whose logits differ by less than bf16 resolves (each token's
+    output row one shared row plus 1e-4 of its own) would answer otherwise."""
+    folder, _, _ = repeater
+    close = AutoModelForCausalLM.from_pretrained(folder / "llama", tie_word_embeddings=False)
+    with torch.no_grad():
+        rows = close.get_output_embeddings().weight
+        rows.copy_(rows[0] + 1e-4 * rows)
+    close.save_pretrained(tmp_path / "close")
+    AutoTokenizer.from_pretrained(folder / "llama").save_pretrained(tmp_path / "close")
+    runs = {}
+    for precision in ("no", "bf16"):
+        out = tmp_path / precision
+        argv = sft_args(folder, out, "--do_train", "false", "--mixed_precision", precision)
+        argv[argv.index("--model_name_or_path") + 1] = str(tmp_path / "close")
+        main(argv)
+        runs[precision] = read_jsonl(out / "predictions.jsonl")
+    assert runs["bf16"] == runs["no"]
 
 
 def test_prompt_completion_rows_generate_as_conversations(repeater, tmp_path):
