@@ -527,3 +527,31 @@ def test_a_tool_calling_conversation_trains_on_its_calls_with_its_tools_in_the_p
     bad = read(tmp_path, [{"messages": [{"role": "user", "content": "Hi"}, {**REPLY, "tool_calls": "f()"}]}])
     with pytest.raises(ConfigError, match="has tool_calls that are not a list of calls"):
         check_rows(bad, "messages", SOURCE)
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (None, "is a folder; give the template's .jinja file"),
+        (
+            '{"model_max_length": 512, "eos_token": "</s>"}',
+            "renders a user turn and a reply without their words",
+        ),
+        ("{% for m in messages %}{{ m.content }", "does not render a user turn and a reply (unexpected '}')"),
+    ],
+)
+def test_a_chat_template_file_that_is_no_chat_template_is_refused_naming_the_file(tmp_path, content, said):
+    """Checked before any row: a folder, a JSON file (a tokenizer_config.json given by mistake: with
+    prompt-completion rows nothing else would notice, and the export would carry it), bad Jinja."""
+    from finetune.families.causal_lm.family import _check_chat_template
+
+    path = tmp_path / "template.jinja"
+    path.mkdir() if content is None else path.write_text(content)
+    with pytest.raises(ConfigError) as error:
+        _check_chat_template(str(path))
+    assert error.value.flag == "--chat_template" and said in str(error.value), error.value
+    path = tmp_path / "chatml.jinja"
+    path.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
+    _check_chat_template(str(path))

@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 from accelerate.utils import DynamoBackend
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils.chat_template_utils import render_jinja_template
 
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
-from finetune.errors import ConfigError
+from finetune.errors import ConfigError, shorten
 from finetune.families.causal_lm.batches import (
     POSITIONS,
     CausalLmCollator,
@@ -76,8 +77,8 @@ class CausalLM:
 
     def load(self, config) -> tuple[LmTask, dict]:
         refuse_other_families_flags(config, self.name, REFUSED)
-        if config.chat_template and not Path(config.chat_template).is_file():
-            raise ConfigError(f"--chat_template {config.chat_template}: no such file; give a .jinja file")
+        if config.chat_template:
+            _check_chat_template(config.chat_template)
         task, splits = load_lm_splits(config)
         check_generation(config, task, splits)
         return task, splits
@@ -214,6 +215,37 @@ def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator, head_
             results[f"{prefix}_tokens"] = int(tokens)
     model.train()
     return results
+
+
+def _check_chat_template(path: str) -> None:
+    """--chat_template's file is a Jinja template that writes a conversation's messages: one that does not
+    compile, or renders a user turn and a reply without their words (a JSON file, another template), is
+    refused naming the file, before any row is blamed for it."""
+    file = Path(path)
+    if file.is_dir():
+        raise ConfigError(f"--chat_template {path} is a folder; give the template's .jinja file")
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"--chat_template {path}: no such file; give a .jinja file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        why = getattr(error, "strerror", None) or "not UTF-8 text"
+        raise ConfigError(f"--chat_template {path}: {why}; give a .jinja file") from None
+    probe = [{"role": "user", "content": "finetune-probe-question"},
+             {"role": "assistant", "content": "finetune-probe-answer"}]  # fmt: skip
+    try:
+        rendered = str(render_jinja_template([probe], chat_template=text, bos_token="", eos_token="")[0])
+    except Exception as error:  # jinja's syntax or the template's own error on a plain conversation
+        why = shorten(" ".join(str(error).split()), 120) or type(error).__name__
+        raise ConfigError(
+            f"--chat_template {path} does not render a user turn and a reply ({why}); give a .jinja chat "
+            "template"
+        ) from None
+    if "finetune-probe-question" not in rendered or "finetune-probe-answer" not in rendered:
+        raise ConfigError(
+            f"--chat_template {path} renders a user turn and a reply without their words (is it a chat "
+            "template?); give a .jinja chat template that writes each message's content"
+        )
 
 
 def _load(args, loading: dict):
