@@ -106,7 +106,8 @@ def write_model_card(
         else {"Hub" if from_hub else "local": f"{config.dataset_name}{subset}"}
     )
     flags = " ".join(f"--{k} {as_flag_value(v)}" for k, v in given_flags.items())
-    scores = [(k, results[k]) for k in task.metric_keys(per_class=False) if k in results]
+    keys = [*task.metric_keys(per_class=False), *(eval_key(s, "loss") for s in task.validation_splits)]
+    scores = [(k, results[k]) for k in dict.fromkeys(keys) if isinstance(results.get(k), float)]
     lines = [
         "---",
         *metadata,

@@ -184,6 +184,15 @@ def test_prompt_completion_rows_generate_as_conversations(repeater, tmp_path):
         again = main(argv)
         assert again["eval_exact_match"] == results["eval_exact_match"], name
         assert read_jsonl(data / "out" / "predictions.jsonl") == expected, name
+    # The cards: eval_exact_match and eval_loss in the results; a model that learnt to complete string
+    # prompts is shown completing one, not chatting.
+    card = (out / "README.md").read_text()
+    assert f"| eval_exact_match | {results['eval_exact_match']:.4f} |" in card and "| eval_loss |" in card
+    argv = sft_args(tmp_path / "strings", tmp_path / "trained", "--max_train_steps", "1")
+    argv[argv.index("--model_name_or_path") + 1] = str(out)
+    main([*argv, "--train_file", str(tmp_path / "strings" / "validation.jsonl")])
+    card = (tmp_path / "trained" / "README.md").read_text()
+    assert "generate(prompt, max_new_tokens=64, return_full_text=False)" in card and "chat(" not in card
 
 
 def test_refusals_name_the_flag_or_file_and_the_fix(repeater, tmp_path):

@@ -44,7 +44,8 @@ class LmTask:
     """Which tokens are targets, as the task line says it."""
     name: str = "causal_lm"
     metrics: tuple[str, ...] = ("perplexity",)
-    """Besides eval_loss (the mean cross-entropy per target token); exp(eval_loss)."""
+    """Besides eval_loss (the mean cross-entropy per target token): exp(eval_loss), and with
+    --predict_with_generate the generated answers' exact_match."""
     validation_splits: tuple[str, ...] = ("validation",)
     counts: dict = field(default_factory=dict)
     """Per split, filled by `encode_splits`: rows kept, truncated, dropped (no target token left); with
@@ -106,7 +107,8 @@ def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
         shown = ", ".join(f"{sources[n]}: {FORMAT_WORDS[f]}" for n, f in trained.items())
         raise ConfigError(f"the splits hold different formats ({shown}); give every split the same columns")
     fmt = next(iter(trained.values()), next(iter(formats.values())))
-    return LmTask(fmt, _trained_on(fmt, config)), splits
+    metrics = ("perplexity", "exact_match") if config.predict_with_generate else ("perplexity",)
+    return LmTask(fmt, _trained_on(fmt, config), metrics=metrics), splits
 
 
 def _carve_validation(train: Dataset, config, source: str) -> tuple[Dataset, Dataset]:

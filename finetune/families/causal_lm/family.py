@@ -84,8 +84,7 @@ class CausalLM:
         return task, splits
 
     def choose_metric(self, config, task: LmTask, splits: dict) -> dict:
-        generated = ["eval_exact_match"] if config.predict_with_generate else []
-        return metric_choice(config, splits, ["eval_loss", *task.metric_keys(), *generated], "eval_loss")
+        return metric_choice(config, splits, ["eval_loss", *task.metric_keys()], "eval_loss")
 
     def check(self, config, task: LmTask, splits: dict) -> None:
         """Everything is refused in `load`, before the data is read."""
@@ -173,6 +172,12 @@ class CausalLM:
         pipe = f'pipeline("text-generation", model="{model}")'
         if task.format == "text":
             asked = ['print(generate("Once upon a time", max_new_tokens=64)[0]["generated_text"])']
+            use = ("from transformers import pipeline", "", f"generate = {pipe}", *asked)
+        elif task.format == "prompt_completion":  # strings: the model learnt to complete prompts, not chats
+            asked = [
+                'prompt = "..."  # written as the training rows\' prompts are',
+                'print(generate(prompt, max_new_tokens=64, return_full_text=False)[0]["generated_text"])',
+            ]
             use = ("from transformers import pipeline", "", f"generate = {pipe}", *asked)
         else:
             asked = [
