@@ -555,3 +555,19 @@ def test_a_chat_template_file_that_is_no_chat_template_is_refused_naming_the_fil
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     )
     _check_chat_template(str(path))
+
+
+def test_a_file_mixing_formats_is_read_in_its_first_rows_format_naming_the_stray_row(tmp_path):
+    """Its columns are the union of the formats' (as datasets reads JSON lines): the first row decides,
+    so the row named is the one that differs, not row 0."""
+    from finetune.config.train_config import TrainConfig
+    from finetune.families.causal_lm.data import load_lm_splits
+
+    path = tmp_path / SOURCE
+    rows = [GOOD["prompt_completion"]] * 3 + [GOOD["messages"]]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(ConfigError) as error:
+        load_lm_splits(TrainConfig(task_type="causal_lm", train_file=str(path), eval_strategy="no"))
+    assert f"{path}: row 3 is in the messages format, in a file of the prompt_completion format" in str(
+        error.value
+    )

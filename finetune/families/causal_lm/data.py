@@ -93,7 +93,7 @@ def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
         if name == "test":  # prompts to complete, with no completion to train on
             formats[name] = check_prompts(split, sources[name])
             continue
-        fmt = detect_format(split.column_names, sources[name])
+        fmt = detect_format(split.column_names, sources[name], split[0] if len(split) else None)
         check_rows(split, fmt, sources[name])
         formats[name] = _conversational(fmt, split)
     if config.carves_validation:

@@ -26,13 +26,14 @@ def refusal(source: str, row: int, what: str, fix: str) -> ConfigError:
     return ConfigError(f"{source}: row {row} {what}; {fix}", fix=fix)
 
 
-def detect_format(column_names: list[str], source: str) -> str:
+def detect_format(column_names: list[str], source: str, first_row: dict | None = None) -> str:
     """The file's format from its columns: `messages` before `prompt`+`completion` before `text`. A file
-    whose rows mix formats has the union of their columns (as `datasets` reads JSON lines): that passes
-    here, and `check_rows` names the first row not in the format chosen."""
-    for fmt in FORMATS:
-        if all(column in column_names for column in COLUMNS[fmt]):
-            return fmt
+    whose rows mix formats has the union of their columns (as `datasets` reads JSON lines): there the
+    first row's filled columns decide, and `check_rows` names the first row not in that format."""
+    present = [fmt for fmt in FORMATS if all(column in column_names for column in COLUMNS[fmt])]
+    filled = [fmt for fmt in present if first_row and all(first_row.get(c) is not None for c in COLUMNS[fmt])]
+    if filled or present:
+        return (filled or present)[0]
     found = ", ".join(column_names) or "none"
     raise ConfigError(f"{source} has no column to train on (its columns: {found}); give it {SHAPES}")
 
