@@ -8,7 +8,7 @@ import csv
 import json
 from pathlib import Path
 
-from datasets import ClassLabel, Dataset, List, Value, load_dataset
+from datasets import ClassLabel, Dataset, DatasetDict, List, Value, load_dataset, load_from_disk
 from datasets.exceptions import DatasetGenerationError
 from pyarrow import ArrowException
 
@@ -78,7 +78,11 @@ def load_dataset_splits(
         raise ConfigError(f"--dataset_name {name}: no such folder; check the path")
     offline = None if Path(name).exists() else hub_offline_reason(datasets=True)  # the cache, not retries
     try:
-        dataset = load_dataset(name, subset)
+        # One Dataset's save_to_disk (a DatasetDict's, load_dataset reads): its rows are the training split.
+        if (Path(name) / "state.json").is_file():
+            dataset = DatasetDict({"train": load_from_disk(name)})
+        else:
+            dataset = load_dataset(name, subset)
     except (ConnectionError, FileNotFoundError, ValueError, DatasetGenerationError) as error:
         detail = (
             shorten(str(error).strip().splitlines()[0], 160) if str(error).strip() else type(error).__name__

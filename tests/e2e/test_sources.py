@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from datasets import ClassLabel, Dataset, Features, List, Value
+from datasets import ClassLabel, Dataset, Features, List, Value, load_dataset
 
 from finetune.mnli import cli, main
 from tests.helpers import read_jsonl, reset_accelerate, tiny_args
@@ -62,6 +62,17 @@ def test_a_dataset_folder_trains_with_its_own_label_names(tiny_model_dir, news_f
     card = (out / "README.md").read_text()
     assert f"- local data: `{news_folder}`" in card
     assert "datasets:" not in card  # the card's Hub metadata names Hub datasets only
+
+
+def test_a_saved_dataset_folder_trains_as_its_training_split(tiny_model_dir, news_folder, tmp_path, capsys):
+    """`Dataset.save_to_disk`'s folder (load_dataset refuses it, asking for load_from_disk): its rows are
+    the training split, a validation split carved from them."""
+    saved = tmp_path / "saved"
+    load_dataset("parquet", data_files=str(news_folder / "train.parquet"), split="train").save_to_disk(saved)
+    flags = ["--validation_split_percentage", "25", "--ignore_mismatched_sizes"]
+    results = main(dataset_args(tiny_model_dir, saved, tmp_path / "out", *flags))
+    assert results["eval_samples"] == 24  # 25% of its 96 rows
+    assert "4 labels: World, Sports, Business, Sci/Tech" in capsys.readouterr().out
 
 
 def test_multi_label_class_ids_and_a_carved_validation_split(tiny_model_dir, news_folder, tmp_path, capsys):
