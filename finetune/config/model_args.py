@@ -45,13 +45,16 @@ class ModelArgs:
     lora_dropout: float = 0.05
     """Dropout on each adapter's input."""
     lora_target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
-    """Module names (ends of module paths, e.g. query value) that get adapters; all-linear: every Linear layer
-    but the head."""
+    """Module names (ends of module paths, e.g. query value, or q_proj,v_proj) that get adapters;
+    all-linear: every Linear layer but the head."""
     lora_modules_to_save: list[str] | None = None
-    """Modules trained in full beside the adapters; default: the classification head."""
+    """Modules trained in full beside the adapters (e.g. lm_head); default: the classification head."""
 
     def __post_init__(self):
-        """Checks of this group's flags alone."""
+        """Checks of this group's flags alone; module lists split at commas too (PEFT's CLIs take both)."""
+        object.__setattr__(self, "lora_target_modules", _names(self.lora_target_modules))
+        if self.lora_modules_to_save is not None:
+            object.__setattr__(self, "lora_modules_to_save", _names(self.lora_modules_to_save))
         if self.lora_r <= 0 or self.lora_alpha <= 0:
             raise ConfigError(
                 f"--lora_r and --lora_alpha must be positive, got {self.lora_r} and {self.lora_alpha}"
@@ -65,3 +68,7 @@ class ModelArgs:
     def hub_options(self) -> dict:
         """How every `from_pretrained` of the model folder or Hub id reads it."""
         return {"revision": self.model_revision, "trust_remote_code": self.trust_remote_code}
+
+
+def _names(values: list[str]) -> list[str]:
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]

@@ -196,6 +196,9 @@ def test_a_list_flag_given_one_value_in_yaml_is_a_list_of_one(tmp_path):
     # Not the string "query": `"all-linear" in "query"` would then test for a substring.
     assert parse_config(["--config", str(path)]).lora_target_modules == ["query"]
     assert parse_config(["--lora_target_modules", "query", "value"]).lora_target_modules == ["query", "value"]
+    # PEFT's own scripts take commas: the same list, the same run.
+    commas = parse_config(["--lora_target_modules", "query,value", "--lora_modules_to_save", "a, b"])
+    assert commas.lora_target_modules == ["query", "value"] and commas.lora_modules_to_save == ["a", "b"]
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.stem)
