@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task, eval_key
@@ -28,6 +29,10 @@ def quiet_libraries() -> None:
     # (data/sources.py load_data_file).
     logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
     transformers.utils.logging.set_verbosity_error()
+    # peft reads transformers' deprecated `is_gradient_checkpointing` as it wraps every causal LM.
+    warnings.filterwarnings(
+        "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+    )
     transformers.utils.logging.disable_progress_bar()
     # ... which also silences huggingface_hub's: a first download of a model shows its progress again.
     huggingface_hub.utils.enable_progress_bars()
