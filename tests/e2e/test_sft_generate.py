@@ -122,12 +122,13 @@ def test_two_processes_generate_each_row_once(repeater, tmp_path):
 
 
 def test_pipeline_answers_as_predictions_greedily(repeater):
-    """The export's generation_config.json: greedy, with the cache, padding with the pad token, stopping
+    """The export's generation_config.json (and config.json): greedy, with the cache, padding with the pad token, stopping
     at <|im_end|>; `pipeline` with no generation arguments answers each prompt as predictions.jsonl."""
     folder, out, _ = repeater
     config = GenerationConfig.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert config.do_sample is False and config.use_cache is True and config.max_new_tokens == 8
+    assert json.loads((out / "config.json").read_text())["use_cache"] is True  # model(...) callers' too
     assert config.pad_token_id == tokenizer.pad_token_id
     stops = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     assert tokenizer.convert_tokens_to_ids(IM_END) in stops

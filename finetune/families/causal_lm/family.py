@@ -101,7 +101,6 @@ class CausalLM:
             self.packed = packed_attention(model, args.max_length, device_type, half)
             if self.packed.torch_kernel:
                 use_causal_varlen_attention(model)
-        model.config.use_cache = False  # training: no key/value cache; generation's config turns it on
         prepare_generation(model, tokenizer, args)  # what generation and the exported model decode with
         # Compiled (the flag or an accelerate config), a hook added per call would recompile the graph.
         compiled = accelerator.state.dynamo_plugin.backend != DynamoBackend.NO
@@ -155,7 +154,7 @@ class CausalLM:
         else:
             inputs, rows = batch, labels.shape[0]
         with head_at(accelerator.unwrap_model(model) if self.head_at_targets else None, positions):
-            logits = model(**inputs).logits
+            logits = model(**inputs, use_cache=False).logits  # the config keeps it on: generation's
         summed, targets = target_loss(logits, labels, positions)
         accelerator.backward(summed / batch_divisor)
         return summed.detach(), targets, rows
@@ -206,7 +205,7 @@ def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator, head_
                     raise EvaluationAbandoned
                 labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
                 with head_at(hooked, positions):
-                    logits = model(**batch).logits
+                    logits = model(**batch, use_cache=False).logits
                 summed, targets = row_losses(logits, labels, positions)
                 summed, targets = accelerator.gather_for_metrics((summed, targets))
                 losses.append(summed)

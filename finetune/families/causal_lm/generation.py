@@ -112,7 +112,7 @@ def prepare_generation(model, tokenizer, config) -> None:
         pad_token_id=tokenizer.pad_token_id,
         do_sample=False,
         num_beams=1,
-        use_cache=True,  # the model's config has it off for training
+        use_cache=True,
         max_new_tokens=config.generation_max_new_tokens,
     )
 
