@@ -58,14 +58,27 @@ def hub_offline_reason(datasets: bool = False) -> str | None:
     return _switched_off
 
 
-def check_model_source(model_name_or_path: str, revision: str | None = None) -> None:
+def check_model_source(model_name_or_path: str, revision: str | None = None, gguf_file: str | None = None):
     """A local folder or a path passes (the loader refuses a missing one, `hub_error`, after the data's
-    checks). A Hub id passes when the Hub answers (an unknown id: `hub_error`), or when the cache holds
-    it; otherwise one line saying so, before any retry."""
+    checks), but not a file, nor a folder of GGUF files without --gguf_file. A Hub id passes when the
+    Hub answers (an unknown id: `hub_error`), or when the cache holds it; otherwise one line saying so,
+    before any retry."""
     import huggingface_hub
 
     where = f"--model_name_or_path {model_name_or_path}"
-    if Path(model_name_or_path).expanduser().exists() or is_path(model_name_or_path):
+    local = Path(model_name_or_path).expanduser()
+    if local.is_file():
+        gguf = f"--model_name_or_path {local.parent} --gguf_file {local.name}"
+        fix = f"give {gguf}" if local.suffix == ".gguf" else "give the model's folder"
+        raise ConfigError(f"{where} is a file; {fix}", flag="--model_name_or_path")
+    ggufs = sorted(p.name for p in local.glob("*.gguf")) if local.is_dir() else []
+    if ggufs and not gguf_file and not (local / "config.json").is_file():
+        raise ConfigError(
+            f"{where} holds GGUF files ({', '.join(ggufs[:3])}) and no config.json; give --gguf_file "
+            f"{ggufs[0]}",
+            flag="--gguf_file",
+        )
+    if local.exists() or is_path(model_name_or_path):
         return
     try:
         cached = huggingface_hub.try_to_load_from_cache(model_name_or_path, "config.json", revision=revision)

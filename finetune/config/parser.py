@@ -80,6 +80,13 @@ OTHER_NAMES = {
     "dataset_config": "use --dataset_config_name",
     "num_epochs": "use --num_train_epochs",
     "hub_token": "set the HF_TOKEN environment variable",
+    "dtype": "use --torch_dtype",
+    "chat_template_path": "use --chat_template FILE.jinja",
+    "dataset_text_field": "name the column text, or give messages or prompt and completion columns",
+    "dataset_train_split": "use --train_split_name",
+    "dataset_test_split": "use --validation_split_name",
+    "eval_packing": "evaluation is never packed (eval_loss is per target token either way)",
+    "packing_strategy": "--packing is always best-fit decreasing, each document whole",
 }
 
 

@@ -122,8 +122,9 @@ def test_two_processes_generate_each_row_once(repeater, tmp_path):
 
 
 def test_pipeline_answers_as_predictions_greedily(repeater):
-    """The export's generation_config.json (and config.json): greedy, with the cache, padding with the pad token, stopping
-    at <|im_end|>; `pipeline` with no generation arguments answers each prompt as predictions.jsonl."""
+    """The export's generation_config.json (and config.json): greedy, with the cache, padding with the pad
+    token, stopping at <|im_end|>; `pipeline` with no generation arguments answers each prompt as
+    predictions.jsonl."""
     folder, out, _ = repeater
     config = GenerationConfig.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)

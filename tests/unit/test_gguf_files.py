@@ -74,3 +74,20 @@ def test_loads_in_two_threads_leave_gguf_as_it_was():
     second_leaves.set()  # the second leaves after the first
     second.join(10)
     assert gguf.GGUFReader is reader_class and gguf.get_tensor_name_map is name_map
+
+
+def test_a_gguf_file_or_its_folder_alone_as_the_model_says_to_give_both(tmp_path):
+    """The .gguf file itself as --model_name_or_path, or its folder without --gguf_file: one line with
+    the flags to give, before any data is read (transformers would say the file is not JSON, or that it
+    could not build a tokenizer)."""
+    from finetune.errors import ConfigError
+    from finetune.hub import check_model_source
+
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ConfigError) as error:
+        check_model_source(str(tmp_path / "model.gguf"))
+    assert error.value.fix == f"give --model_name_or_path {tmp_path} --gguf_file model.gguf"
+    with pytest.raises(ConfigError) as error:
+        check_model_source(str(tmp_path))
+    assert error.value.flag == "--gguf_file" and error.value.fix == "give --gguf_file model.gguf"
+    check_model_source(str(tmp_path), gguf_file="model.gguf")
