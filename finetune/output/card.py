@@ -140,7 +140,7 @@ def write_model_card(
         "The flags given:",
         "",
         "```",
-        f"accelerate launch finetune/glue.py {flags}",
+        f"accelerate launch -m finetune {flags}",
         "```",
         "",
         "## Use",

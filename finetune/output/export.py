@@ -27,6 +27,8 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
                 save_merged_and_adapter(model, state_dict, output_dir)
             else:
                 model.save_pretrained(output_dir, state_dict=state_dict)
+            for how_it_was_read in ("is_local", "local_files_only"):  # would bind a pushed copy to a disk
+                tokenizer.init_kwargs.pop(how_it_was_read, None)
             tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
 

@@ -130,6 +130,8 @@ def test_pipeline_answers_as_predictions_greedily(repeater):
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert config.do_sample is False and config.use_cache is True and config.max_new_tokens == 8
     assert json.loads((out / "config.json").read_text())["use_cache"] is True  # model(...) callers' too
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert "local_files_only" not in saved and "is_local" not in saved  # a pushed copy reads the Hub
     assert config.pad_token_id == tokenizer.pad_token_id
     stops = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     assert tokenizer.convert_tokens_to_ids(IM_END) in stops
@@ -190,6 +192,7 @@ def test_prompt_completion_rows_generate_as_conversations(repeater, tmp_path):
     # prompts is shown completing one, not chatting.
     card = (out / "README.md").read_text()
     assert f"| eval_exact_match | {results['eval_exact_match']:.4f} |" in card and "| eval_loss |" in card
+    assert "accelerate launch -m finetune --task_type causal_lm" in card
     argv = sft_args(tmp_path / "strings", tmp_path / "trained", "--max_train_steps", "1")
     argv[argv.index("--model_name_or_path") + 1] = str(out)
     main([*argv, "--train_file", str(tmp_path / "strings" / "validation.jsonl")])
