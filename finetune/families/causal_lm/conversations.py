@@ -288,9 +288,15 @@ def _target_spans(messages, prompt_turns: int | None, full: str, render, assista
         before = render(messages[:i], add_generation_prompt=True)
         through = render(messages[: i + 1])
         if not (through.startswith(before) and full.startswith(through)):
+            why = (
+                "the generation prompt is not how the template begins an assistant turn, e.g. one adding "
+                "<think>"
+                if not through.startswith(before)
+                else "e.g. a template that drops earlier turns' reasoning"
+            )
             raise refuse(
                 f"is rendered by the chat template differently in part than whole (message {i}), so "
-                "its assistant turns cannot be found (e.g. a template that drops earlier turns' reasoning)",
+                f"its assistant turns cannot be found ({why})",
                 f"{TEMPLATE_FIX} that renders each turn the same wherever it stands, or {EVERY_TOKEN}",
             )
         end = len(through.rstrip())
