@@ -20,11 +20,9 @@ from finetune.families.causal_lm.conversations import (
     appended_tokens,
     encode_row,
     end_of_turn,
-    struct_columns,
-    unpadded,
 )
 from finetune.families.causal_lm.generation import check_prompts
-from finetune.families.causal_lm.rows import check_rows, detect_format
+from finetune.families.causal_lm.rows import check_rows, detect_format, struct_columns, unpadded
 
 FORMAT_WORDS = {
     "messages": "conversations (messages)",

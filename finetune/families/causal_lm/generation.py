@@ -32,10 +32,15 @@ from finetune.families.causal_lm.conversations import (
     end_of_turn,
     render_chat,
     row_tools,
+)
+from finetune.families.causal_lm.rows import (
+    check_messages,
+    check_rows,
+    check_string,
+    refusal,
     struct_columns,
     unpadded,
 )
-from finetune.families.causal_lm.rows import check_messages, check_rows, check_string, refusal
 from finetune.training.evaluation import EvaluationAbandoned
 
 FLAG = "--predict_with_generate"

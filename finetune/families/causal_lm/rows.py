@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from datasets.features import Json
+
 from finetune.errors import ConfigError
 
 FORMATS = ("messages", "prompt_completion", "text")
@@ -176,3 +178,39 @@ def check_messages(messages, column: str, number: int, source: str) -> None:
                 f"has an empty assistant turn ({where})",
                 "write the assistant's reply, or drop the turn",
             )
+
+
+CONVERSATION_COLUMNS = ("messages", "prompt", "completion", "tools")
+
+
+def struct_columns(features) -> frozenset[str]:
+    """The conversation columns of a split that Arrow stores as structs (a Parquet file written by pyarrow
+    or pandas): each of their objects has every field any other has, null where it had none, so those
+    nulls are padding. A JSON column (datasets' `Json`: JSON lines, and what datasets writes) holds the
+    rows' objects as written: a null there is the user's, such as an argument's value."""
+    return frozenset(
+        column for column in CONVERSATION_COLUMNS if column in features and not _holds_json(features[column])
+    )
+
+
+def _holds_json(feature) -> bool:
+    if isinstance(feature, Json):
+        return True
+    if isinstance(feature, dict):
+        return any(_holds_json(inner) for inner in feature.values())
+    inner = getattr(feature, "feature", None)  # List, LargeList
+    return inner is not None and _holds_json(inner)
+
+
+def unpadded(row: dict, structs: frozenset[str]) -> dict:
+    """`row` less the padding nulls of its struct columns (`struct_columns`), at every depth."""
+    return {column: without_nulls(value) if column in structs else value for column, value in row.items()}
+
+
+def without_nulls(value):
+    """`value` less its null fields, at every depth (a template asking `is defined` would render them)."""
+    if isinstance(value, dict):
+        return {key: without_nulls(v) for key, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_nulls(v) for v in value]
+    return value
