@@ -14,7 +14,7 @@ from datasets import Dataset, load_dataset
 from tokenizers.processors import TemplateProcessing
 
 from finetune.errors import ConfigError
-from finetune.families.causal_lm.conversations import IGNORE, encode_row
+from finetune.families.causal_lm.conversations import IGNORE, encode_examples, encode_row
 from finetune.families.causal_lm.rows import check_rows, detect_format
 from tests.chat_models import CHATML, IM_END, chatml_tokenizer, target_runs
 
@@ -273,18 +273,55 @@ SPLITS_A_TOKEN = (
 """A generation prompt ending in a space, which byte-level BPE joins to the reply's first word."""
 
 
-@pytest.mark.parametrize("template", [QWEN3_LIKE, THINKING_PROMPT], ids=["qwen3-like", "generation-prompt"])
-def test_a_template_that_renders_a_turn_differently_in_part_and_whole_is_refused(chatml, template):
-    assert template != CHATML
+def test_a_template_that_drops_earlier_reasoning_trains_each_turn_on_the_conversation_up_to_it(chatml):
+    """Qwen3's template writes an answered turn without its reasoning: the whole conversation is not
+    how the model met each turn. Each assistant turn becomes its own example, the conversation up to it
+    as the model sees it when answering (earlier turns without their reasoning), trained on that turn
+    alone, its reasoning included."""
     messages = [dict(m) for m in CONVERSATION]
     messages[2]["content"] = "<think>Rivers vary.</think>Yes, very wide."
-    tokenizer = with_template(chatml, template)
-    error = refused(encode, {"messages": messages}, "messages", tokenizer)
-    assert "row 7 is rendered by the chat template differently in part than whole" in str(error)
-    why = "generation prompt is not how" if template == THINKING_PROMPT else "drops earlier turns' reasoning"
-    assert why in str(error)
+    tokenizer = with_template(chatml, QWEN3_LIKE)
+    first, second = encode_examples(
+        {"messages": messages}, "messages", tokenizer, max_length=512, row_number=7, source=SOURCE
+    )
+    assert target_runs(tokenizer, first) == [f"<think>Rivers vary.</think>Yes, very wide.{IM_END}"]
+    assert target_runs(tokenizer, second) == [f"Not at all.{IM_END}"]
+    context = tokenizer.decode(second.input_ids)
+    assert "Yes, very wide." in context and "Rivers vary" not in context
+    assert (
+        first.input_ids == tokenizer(tokenizer.apply_chat_template(messages[:3], tokenize=False))["input_ids"]
+    )
+    # A template that renders every turn the same wherever it stands: one example, as before.
+    assert len(encode_examples({"messages": messages}, "messages", chatml, max_length=512, row_number=7,
+                               source=SOURCE)) == 1  # fmt: skip
+
+
+def test_turn_by_turn_conversations_are_examples_of_their_own_and_said_on_the_task_line(tmp_path, chatml):
+    import contextlib
+
+    from finetune.config.train_config import TrainConfig
+    from finetune.families.causal_lm.data import encode_splits, load_lm_splits
+
+    messages = [dict(m) for m in CONVERSATION]
+    messages[2]["content"] = "<think>Rivers vary.</think>Yes, very wide."
+    path = tmp_path / SOURCE
+    path.write_text(
+        json.dumps({"messages": messages}) + "\n" + json.dumps({"messages": CONVERSATION[:3]}) + "\n"
+    )
+    config = TrainConfig(task_type="causal_lm", train_file=str(path), eval_strategy="no")
+    task, splits = load_lm_splits(config)
+    one_process = SimpleNamespace(main_process_first=contextlib.nullcontext)
+    train = encode_splits(task, splits, with_template(chatml, QWEN3_LIKE), config, one_process)["train"]
+    assert len(train) == 3 and "turns" not in train.column_names  # 2 turns of the first row, 1 of the second
+    assert "train 3 rows" in task.summary() and "train: 1 conversations trained turn by turn (2 examples" in (
+        task.summary()
+    )
+
+
+def test_a_generation_prompt_that_does_not_begin_the_turn_is_refused(chatml):
+    error = refused(encode, {"messages": CONVERSATION}, "messages", with_template(chatml, THINKING_PROMPT))
+    assert "row 7 is rendered by the chat template so that the generation prompt is not how" in str(error)
     assert error.flag == "--chat_template" and error.fix.endswith("or --assistant_only_loss false")
-    assert encode({"messages": messages}, "messages", tokenizer, assistant_only_loss=False).targets > 0
 
 
 def test_a_template_whose_turn_starts_inside_a_token_is_refused(chatml):

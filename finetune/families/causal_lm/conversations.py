@@ -40,7 +40,7 @@ class Encoded:
         return sum(label != IGNORE for label in self.labels)
 
 
-def encode_row(
+def encode_examples(
     row: dict,
     fmt: str,
     tokenizer,
@@ -52,7 +52,9 @@ def encode_row(
     source: str,
     appended: list[int] | None = None,
 ) -> Encoded:
-    """`row`, checked by check_rows as a row of `fmt`, as token ids and labels, cut to `max_length` tokens.
+    """`row`, checked by check_rows as a row of `fmt`, as token ids and labels, cut to `max_length` tokens:
+    one example, or for a conversation whose template renders earlier turns differently once answered
+    (Qwen3's drops their reasoning), one per assistant turn, each on the conversation up to it.
 
     completion_only_loss: a prompt-completion row trains on its completion only (else on every token).
     assistant_only_loss: a conversation trains on its assistant turns only (else on every token); one
@@ -64,12 +66,11 @@ def encode_row(
 
     if fmt == "text":
         ids = _ending_with_eos(tokenizer(row["text"])["input_ids"], tokenizer, refuse)
-        labels = list(ids)
+        examples = [(ids, list(ids))]
     elif fmt == "prompt_completion" and isinstance(row["prompt"], str):
         appended = appended_tokens(tokenizer) if appended is None else appended
-        ids, labels = _prompt_completion(
-            row["prompt"], row["completion"], tokenizer, completion_only_loss, refuse, appended
-        )
+        pair = (row["prompt"], row["completion"])
+        examples = [_prompt_completion(*pair, tokenizer, completion_only_loss, refuse, appended)]
     else:
         if fmt == "messages":
             messages, prompt_turns = row["messages"], None
@@ -77,8 +78,14 @@ def encode_row(
             messages = row["prompt"] + row["completion"]
             prompt_turns = len(row["prompt"]) if completion_only_loss else None
         tools = row_tools(row, refuse)
-        ids, labels = _conversation(messages, prompt_turns, tokenizer, assistant_only_loss, refuse, tools)
-    return Encoded(ids[:max_length], labels[:max_length], truncated=len(ids) > max_length)
+        examples = _conversation(messages, prompt_turns, tokenizer, assistant_only_loss, refuse, tools)
+    return [Encoded(ids[:max_length], labels[:max_length], len(ids) > max_length) for ids, labels in examples]
+
+
+def encode_row(row: dict, fmt: str, tokenizer, **options) -> Encoded:
+    """`encode_examples` for a row that trains as one sequence (any but a turn-by-turn conversation)."""
+    (example,) = encode_examples(row, fmt, tokenizer, **options)
+    return example
 
 
 def _messages_without_nulls(messages: list[dict]) -> list[dict]:
@@ -206,17 +213,33 @@ def _conversation(
         )
     if not assistant_only_loss and prompt_turns is None:
         ids = tokenizer(full, add_special_tokens=False)["input_ids"]
-        return ids, list(ids)
-    spans = _target_spans(messages, prompt_turns, full, render, assistant_only_loss, refuse)
+        return [(ids, list(ids))]
     try:
-        encoding = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+        spans = _target_spans(messages, prompt_turns, full, render, assistant_only_loss, refuse)
+        return [_tokenized(full, spans, tokenizer, refuse)]
+    except _TurnsDiffer:  # each assistant turn on the conversation up to it, as the model meets it
+        rendered = [(render(messages[: i + 1]), i) for i in _assistant_turns(messages, prompt_turns, refuse)]
+        return [
+            _tokenized(through, [_turn_span(messages, i, through, render, refuse)], tokenizer, refuse)
+            for through, i in rendered
+        ]
+
+
+class _TurnsDiffer(Exception):
+    """The conversation through an assistant turn does not begin the whole: the template renders that
+    turn (or one before it) otherwise once later turns follow."""
+
+
+def _tokenized(text: str, spans, tokenizer, refuse):
+    try:
+        encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     except NotImplementedError:  # a Python ("slow") tokenizer has no character offsets
         raise refuse(
             "needs the tokens' character offsets to find its assistant turns, and the tokenizer gives none",
             f"give a fast tokenizer (tokenizer.json), or {EVERY_TOKEN}",
         ) from None
     ids = encoding["input_ids"]
-    return ids, _labels_in_spans(ids, encoding["offset_mapping"], spans, full, refuse)
+    return ids, _labels_in_spans(ids, encoding["offset_mapping"], spans, text, refuse)
 
 
 def _target_spans(messages, prompt_turns: int | None, full: str, render, assistant_only_loss: bool, refuse):
@@ -224,8 +247,9 @@ def _target_spans(messages, prompt_turns: int | None, full: str, render, assista
 
     An assistant turn's: what it adds to the conversation before it, after the generation prompt, less
     trailing whitespace (ChatML's newline after <|im_end|> is the next turn's start, never predicted at
-    the end of a reply). Found only where the template renders each turn the same wherever it stands:
-    the prompt for turn i must begin the conversation through turn i, and that the whole conversation."""
+    the end of a reply). The prompt for turn i must begin the conversation through turn i, and that the
+    whole conversation; where it does not (a template that renders a turn otherwise once later turns
+    follow), `_TurnsDiffer`: the caller trains the turns one at a time."""
     if not assistant_only_loss:  # the completion of a conversational prompt-completion, whole
         before = render(messages[:prompt_turns], add_generation_prompt=True)
         if not full.startswith(before):
@@ -236,6 +260,18 @@ def _target_spans(messages, prompt_turns: int | None, full: str, render, assista
                 "--completion_only_loss false",
             )
         return [(len(before), len(full.rstrip()), prompt_turns)]
+    spans = []
+    for i in _assistant_turns(messages, prompt_turns, refuse):
+        through = render(messages[: i + 1])
+        span = _turn_span(messages, i, through, render, refuse)
+        if not full.startswith(through):
+            raise _TurnsDiffer
+        spans.append(span)
+    return spans
+
+
+def _assistant_turns(messages, prompt_turns: int | None, refuse) -> list[int]:
+    """The assistant turns to train on: the completion's only where `prompt_turns` is given."""
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i >= (prompt_turns or 0)]
     if not turns:
         where = "" if prompt_turns is None else " in its completion"
@@ -245,37 +281,34 @@ def _target_spans(messages, prompt_turns: int | None, full: str, render, assista
             "begins with an assistant turn, whose prompt cannot be rendered (no conversation before it)",
             f"begin it with a user or system turn, or {EVERY_TOKEN}",
         )
-    spans = []
-    for i in turns:
-        before = render(messages[:i], add_generation_prompt=True)
-        through = render(messages[: i + 1])
-        if not (through.startswith(before) and full.startswith(through)):
-            why = (
-                "the generation prompt is not how the template begins an assistant turn, e.g. one adding "
-                "<think>"
-                if not through.startswith(before)
-                else "e.g. a template that drops earlier turns' reasoning"
-            )
-            raise refuse(
-                f"is rendered by the chat template differently in part than whole (message {i}), so "
-                f"its assistant turns cannot be found ({why})",
-                f"{TEMPLATE_FIX} that renders each turn the same wherever it stands, or {EVERY_TOKEN}",
-            )
-        end = len(through.rstrip())
-        if end <= len(before):
-            raise refuse(
-                f"has an assistant turn that the chat template renders as nothing (message {i})",
-                f"{TEMPLATE_FIX} that writes every assistant turn, or {EVERY_TOKEN}",
-            )
-        unwritten = [name for name in _call_names(messages[i]) if name not in full[len(before) : end]]
-        if unwritten:
-            raise refuse(
-                f"has an assistant turn whose tool_calls the chat template does not write (message {i}: "
-                f"{unwritten[0]!r} is not in it), so the model would learn to answer with nothing",
-                f"{TEMPLATE_FIX} that renders tool_calls (as its model's own template does)",
-            )
-        spans.append((len(before), end, i))
-    return spans
+    return turns
+
+
+def _turn_span(messages, i: int, through: str, render, refuse) -> tuple[int, int, int]:
+    """Assistant turn i's targets in `through`, the conversation rendered up to it: what it adds after the
+    generation prompt, less trailing whitespace; refused where the template writes it as nothing, without
+    its tool calls, or not after the generation prompt."""
+    before = render(messages[:i], add_generation_prompt=True)
+    if not through.startswith(before):
+        raise refuse(
+            f"is rendered by the chat template so that the generation prompt is not how its assistant turn "
+            f"begins (message {i}; e.g. a generation prompt adding <think>), so the turn cannot be found",
+            f"{TEMPLATE_FIX} whose generation prompt begins each assistant turn, or {EVERY_TOKEN}",
+        )
+    end = len(through.rstrip())
+    if end <= len(before):
+        raise refuse(
+            f"has an assistant turn that the chat template renders as nothing (message {i})",
+            f"{TEMPLATE_FIX} that writes every assistant turn, or {EVERY_TOKEN}",
+        )
+    unwritten = [name for name in _call_names(messages[i]) if name not in through[len(before) : end]]
+    if unwritten:
+        raise refuse(
+            f"has an assistant turn whose tool_calls the chat template does not write (message {i}: "
+            f"{unwritten[0]!r} is not in it), so the model would learn to answer with nothing",
+            f"{TEMPLATE_FIX} that renders tool_calls (as its model's own template does)",
+        )
+    return len(before), end, i
 
 
 def _call_names(message: dict) -> list[str]:

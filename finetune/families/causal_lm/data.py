@@ -18,7 +18,7 @@ from finetune.errors import ConfigError
 from finetune.families.causal_lm.conversations import (
     IGNORE,
     appended_tokens,
-    encode_row,
+    encode_examples,
     end_of_turn,
 )
 from finetune.families.causal_lm.generation import check_prompts
@@ -129,7 +129,7 @@ def _conversational(fmt: str, split: Dataset) -> str:
 
 
 def _trained_on(fmt: str, config) -> str:
-    """The targets, as conversations.encode_row picks them from both flags, for the task line and card."""
+    """The targets, as conversations.encode_examples picks them from both flags (task line, card)."""
     if fmt == "text":
         return "every token"
     if fmt == "prompt_completion":
@@ -171,19 +171,22 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
     appended = appended_tokens(tokenizer)  # once, not per row
 
     def encode(batch, rows, source, structs):
-        encoded = {"input_ids": [], "labels": [], "length": [], "truncated": [], "targets": [], "row": []}
+        columns = ("input_ids", "labels", "length", "truncated", "targets", "row", "turns")
+        encoded = {column: [] for column in columns}
         for i, row_number in enumerate(rows):
             row = unpadded({column: values[i] for column, values in batch.items()}, structs)
-            done = encode_row(
+            examples = encode_examples(
                 row, fmt, tokenizer, **options, row_number=row_number, source=source, appended=appended
             )
-            encoded["input_ids"].append(done.input_ids)
-            encoded["labels"].append(done.labels)
-            encoded["length"].append(len(done.input_ids))
-            encoded["truncated"].append(done.truncated)
-            # Predicted targets: the first token has nothing before it, so it never counts.
-            encoded["targets"].append(sum(label != IGNORE for label in done.labels[1:]))
-            encoded["row"].append(row_number)
+            for done in examples:  # one, or a turn-by-turn conversation's turns
+                encoded["input_ids"].append(done.input_ids)
+                encoded["labels"].append(done.labels)
+                encoded["length"].append(len(done.input_ids))
+                encoded["truncated"].append(done.truncated)
+                # Predicted targets: the first token has nothing before it, so it never counts.
+                encoded["targets"].append(sum(label != IGNORE for label in done.labels[1:]))
+                encoded["row"].append(row_number)
+                encoded["turns"].append(len(examples))
         return encoded
 
     encoded = {}
@@ -201,6 +204,14 @@ def encode_splits(task: LmTask, splits: dict, tokenizer, config, accelerator) ->
             )
     for name, split in encoded.items():
         truncated = sum(split["truncated"])
+        turns = [(row, n) for row, n in zip(split["row"], split["turns"], strict=True) if n > 1]
+        if turns:
+            task.notes.append(
+                f"{name}: {len(set(turns)):,} conversations trained turn by turn ({len(turns):,} examples, "
+                "each assistant turn on the conversation up to it: the chat template renders answered "
+                "turns otherwise, e.g. without their reasoning)"
+            )
+        split = split.remove_columns("turns")
         if name != "test":
             kept = split.filter(lambda targets: targets > 0, input_columns="targets", desc=f"targets {name}")
             if len(kept) == 0:
