@@ -270,3 +270,25 @@ def test_raw_text_is_split_as_the_tokenizer_splits_it_cjk_included():
     words, spans, _ = split_text(tokenizer, "Mr.Smith  lives (Brazil)")
     assert words == ["Mr", ".", "Smith", "lives", "(", "Brazil", ")"]
     assert [("Mr.Smith  lives (Brazil)")[a:b] for a, b in spans] == words
+
+
+def test_raw_text_splits_at_spaces_where_the_tokenizer_has_no_pre_tokenizer():
+    """Llama 2's SentencePiece (as transformers converts it: the normalizer turns spaces into ▁, nothing
+    pre-tokenizes) gives the whole text one word id: the words are still the text's own, each a span."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from finetune.families.token_classification.encoding import split_text
+
+    text = "John said that Google will buy a house in London."
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()  # pieces trained within words, as SentencePiece's
+    backend.train_from_iterator([text] * 3, trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>"]))
+    backend.pre_tokenizer = None
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    assert set(tokenizer(text, add_special_tokens=False).word_ids()) == {0}  # what it gives: one word
+    words, spans, tokens = split_text(tokenizer, text)
+    assert words == ["John", "said", "that", "Google", "will", "buy", "a", "house", "in", "London."]
+    assert [text[a:b] for a, b in spans] == words
+    assert sum(map(len, tokens)) == len(tokenizer(text, add_special_tokens=False)["input_ids"])

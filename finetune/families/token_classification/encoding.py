@@ -86,7 +86,7 @@ def split_text(tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]], 
     ):
         groups.setdefault(-1 if word is None else word, []).append((token, *offsets))
     words, spans, tokens = [], [], []
-    for _, group in sorted(groups.items()):
+    for group in (part for _, whole in sorted(groups.items()) for part in _at_whitespace(whole, text)):
         starts = [start for _, start, end in group if end > start]
         piece = text[min(starts) : max(end for _, _, end in group)] if starts else ""
         if not piece.strip():
@@ -98,6 +98,23 @@ def split_text(tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]], 
         spans.append((start, start + len(piece.strip())))
         tokens.append([token for token, _, _ in group])
     return words, spans, tokens
+
+
+def _at_whitespace(group: list[tuple[int, int, int]], text: str) -> list[list[tuple[int, int, int]]]:
+    """A pre-token's (token, start, end)s, split where a token starts after whitespace: a tokenizer with no
+    pre-tokenizer (Llama 2's SentencePiece, which only replaces spaces with ▁) gives the whole text one
+    word id; one that splits at whitespace gives none to split."""
+    parts: list[list[tuple[int, int, int]]] = [[]]
+    reached = None  # where the part's last token with characters ends
+    for token, start, end in group:
+        after_space = end > start and (
+            text[start].isspace() or (reached is not None and text[reached:start].isspace())
+        )
+        if parts[-1] and after_space and reached is not None:
+            parts.append([])
+        parts[-1].append((token, start, end))
+        reached = end if end > start else reached
+    return parts
 
 
 def joined(words: list[str]) -> tuple[str, list[tuple[int, int]]]:
