@@ -118,6 +118,15 @@ def test_class_label_ids_read_as_their_names(tmp_path):
     ).to_parquet(tmp_path / "t.parquet")
     _, splits = load_tag_splits(tagging_config(tmp_path, tmp_path / "t.parquet"))
     assert splits["train"][0]["tags"] == ["B-PER", "I-PER", "O"]
+    # --label_names orders the model's labels; it never renames the ids the dataset names itself.
+    task, splits = load_tag_splits(
+        tagging_config(tmp_path, tmp_path / "t.parquet", label_names="I-PER,B-PER,O")
+    )
+    assert splits["train"][0]["tags"] == ["B-PER", "I-PER", "O"] and task.label_names == (
+        "I-PER",
+        "B-PER",
+        "O",
+    )
 
 
 def test_conll_files_skip_docstart_and_read_the_last_column(tmp_path):

@@ -230,12 +230,14 @@ def _check_texts(texts: list, source: str) -> None:
 
 
 def _tag_names(dataset: Dataset, column: str, config, source: str) -> list[list[str]]:
-    """Each row's tags as names: strings as they are; ids through the column's ClassLabel, else through
+    """Each row's tags as names: strings as they are; ids through the column's ClassLabel (whatever
+    --label_names says: it orders the model's labels, it does not rename the data's), else through
     --label_names (an id outside them refused, naming the row)."""
     feature = dataset.features[column]
     inner = feature.feature if isinstance(feature, List) else None
     declared = list(inner.names) if isinstance(inner, ClassLabel) else None
-    names = [n.strip() for n in config.label_names.split(",")] if config.label_names else declared
+    listed = [n.strip() for n in config.label_names.split(",")] if config.label_names else None
+    names = declared if declared is not None else listed
     rows = _column(dataset, column)
     result = []
     for row, tags in enumerate(rows):
