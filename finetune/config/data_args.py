@@ -63,7 +63,7 @@ class DataArgs:
     label_names: str | None = None
     """token_classification: comma-separated tag names, in id order, for files whose tags are ids (HF's
     conll2003 ner_tags: O,B-PER,I-PER,B-ORG,I-ORG,B-LOC,I-LOC,B-MISC,I-MISC); the model's labels keep
-    that order. A Hub dataset's ClassLabel names need none."""
+    that order. A ClassLabel column's ids are read by its own names (--label_names then orders them)."""
     label_all_tokens: bool = False
     """token_classification: train every sub-token of a word on its tag (a B-X's later sub-tokens on I-X,
     run_ner's name and rule), not its first sub-token only. Metrics and predictions stay per word, read from
