@@ -209,9 +209,26 @@ def test_bad_input_is_refused_in_one_line_naming_the_row_and_the_fix(tmp_path, c
 
 
 def test_a_training_tag_outside_label_names_is_refused(tmp_path):
-    train = jsonl(tmp_path / "t.jsonl", [{"tokens": ["a"], "tags": ["B-X"]}])
+    train = jsonl(tmp_path / "t.jsonl", [{"tokens": ["a", "b"], "tags": ["B-X", "O"]}])
     with pytest.raises(ConfigError, match="tag B-X is not in --label_names; add it"):
         load_tag_splits(tagging_config(tmp_path, train, label_names="O"))
+
+
+@pytest.mark.parametrize(
+    ("tags", "said"),
+    [
+        (["B-PER", "PER"], "row 1 has the tag PER, without a B-/I- prefix, among prefixed tags"),
+        (["B-PER", ""], "row 1 has an empty tag"),
+        (["B-PER", " I-PER "], "row 1 has the tag ' I-PER ', with spaces around it"),
+        (["O", "O"], "every word has the tag O, so there is nothing to learn"),
+    ],
+)
+def test_tags_no_scheme_reads_as_meant_are_refused_naming_the_row(tmp_path, tags, said):
+    """One typo among prefixed tags would make the scheme none and the scores per tag, without a word."""
+    rows = [{"tokens": ["Ann", "ran"], "tags": [tags[0], "O"]}, {"tokens": ["Lee"], "tags": [tags[1]]}]
+    with pytest.raises(ConfigError) as error:
+        load_tag_splits(tagging_config(tmp_path, jsonl(tmp_path / "t.jsonl", rows)))
+    assert said in str(error.value) and "\n" not in str(error.value), error.value
 
 
 def test_a_dataset_folder_with_class_label_tags_and_balanced_weights(tmp_path):

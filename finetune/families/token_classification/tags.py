@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 
+from finetune.errors import ConfigError
+
 PREFIXED = re.compile(r"^([BIES])-(.+)$")
 SCHEME_WORDS = {
     "IOB2": "IOB2 (BIO)",
@@ -19,6 +21,22 @@ SCHEME_WORDS = {
 }
 CONFUSION_LIMIT = 50
 """The most tags a confusion matrix is drawn for (results.json, the card and the PNG)."""
+
+
+def check_tags(sentences: list[list[str]], source: str) -> None:
+    """Tags no scheme reads as meant, refused naming the row: an empty tag, one with spaces around it, and
+    one without a prefix among prefixed tags (a typo that would turn entity scoring into per-tag)."""
+    prefixed = any(PREFIXED.match(tag) for tags in sentences for tag in tags)
+    for row, tags in enumerate(sentences):
+        for tag in tags:
+            if tag != tag.strip() or not tag:
+                what = "an empty tag" if not tag.strip() else f"the tag {tag!r}, with spaces around it"
+                fix = "give every word its tag" if not tag.strip() else "write it without them"
+                raise ConfigError(f"{source}: row {row} has {what}; {fix}", fix=fix)
+            if prefixed and tag != "O" and not PREFIXED.match(tag):
+                fix = f"give it its prefix (e.g. B-{tag}), or write every tag without one"
+                what = f"the tag {tag}, without a B-/I- prefix, among prefixed tags"
+                raise ConfigError(f"{source}: row {row} has {what}; {fix}", fix=fix)
 
 
 def detect_scheme(sentences: list[list[str]]) -> str:

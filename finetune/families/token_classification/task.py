@@ -16,6 +16,7 @@ from finetune.errors import ConfigError
 from finetune.families.token_classification.reading import load_tag_sources, read_split
 from finetune.families.token_classification.tags import (
     SCHEME_WORDS,
+    check_tags,
     detect_scheme,
     entities,
     entity_types,
@@ -98,6 +99,8 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
     splits, formats = {}, {}
     for name, (source, dataset) in load_tag_sources(config, wanted).items():
         splits[name], formats[name] = read_split(config, name, source, dataset)
+        if name != "test":  # row numbers as in the file: before any carving or cap
+            check_tags(splits[name].select_columns(["tags"]).to_dict()["tags"], source)
     if config.carves_validation:
         splits["train"], splits["validation"] = _carve(splits["train"], config)
     for name, limit in (("train", config.max_train_samples), ("validation", config.max_eval_samples)):
@@ -108,6 +111,13 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
         for name, split in splits.items()
         if name != "test"
     }
+    if "train" in labelled and len({tag for tags in labelled["train"] for tag in tags}) == 1:
+        (only,) = {tag for tags in labelled["train"] for tag in tags}
+        raise ConfigError(
+            f"{config.train_source}: every word has the tag {only}, so there is nothing to learn; give "
+            "sentences with other tags too",
+            fix="give sentences with other tags too",
+        )
     label_names = _label_names(config, labelled)
     sequences = labelled.get("train") or labelled.get("validation")
     scheme = detect_scheme(sequences) if sequences else _scheme_of_model(config, label_names)
