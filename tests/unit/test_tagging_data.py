@@ -318,3 +318,12 @@ def test_raw_text_splits_at_spaces_where_the_tokenizer_has_no_pre_tokenizer():
     assert words == ["John", "said", "that", "Google", "will", "buy", "a", "house", "in", "London."]
     assert [text[a:b] for a, b in spans] == words
     assert sum(map(len, tokens)) == len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_a_csv_file_is_refused_naming_the_tagging_formats(tmp_path):
+    """A .csv cell holding a JSON list is text: "not a list of words" would send the user to fix it."""
+    train = tmp_path / "t.csv"
+    train.write_text('tokens,tags\n"[""Ann""]","[""B-PER""]"\n')
+    with pytest.raises(ConfigError) as error:
+        load_tag_splits(tagging_config(tmp_path, train))
+    assert "a .csv file holds no lists of words and tags" in str(error.value) and "CoNLL" in error.value.fix

@@ -37,6 +37,12 @@ def read_split(config, name: str, source: str, dataset: Dataset | None = None) -
     if suffix == CONLLU:
         column = "upos" if config.label_column == "label" else config.label_column
         return read_conllu(source, column, labelled), f"CoNLL-U ({column})"
+    if suffix in (".csv", ".tsv"):
+        raise ConfigError(
+            f"{source}: a {suffix} file holds no lists of words and tags; give .jsonl, .json or .parquet "
+            "rows (tokens and tags), a CoNLL file (.conll, .iob) or CoNLL-U (.conllu)",
+            fix="give .jsonl, .json or .parquet rows, a CoNLL file or CoNLL-U",
+        )
     kind = "rows" if dataset is not None else f"{suffix.lstrip('.')} rows"
     if dataset is None:
         dataset = load_data_file(source, ())
