@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -207,3 +208,21 @@ def _gathered(accelerator, model, loader, key: str, should_stop=None, task: Task
     aggregation = task.window_aggregation if task is not None else "mean"
     _, keys, logits, windows = by_document(torch.cat(docs).cpu(), keys, logits, aggregation)
     return keys, logits, windows
+
+
+@contextlib.contextmanager
+def without_autocast(model):
+    """The model's (unwrapped) forward without Accelerate's autocast (`--mixed_precision bf16` over fp32
+    weights): what the exported model computes, in its weights' dtype, for predictions that must be its
+    own (`pipeline` answers as predictions.jsonl; a generated token rounded otherwise would change every
+    token after it)."""
+    wrapped = model.__dict__.get("forward")
+    original = getattr(model, "_original_forward", None)
+    if wrapped is None or original is None:
+        yield
+        return
+    model.forward = original
+    try:
+        yield
+    finally:
+        model.forward = wrapped

@@ -192,6 +192,29 @@ def assert_pipeline_agrees_on_raw_text(model_dir, tmp_path, capsys, single: bool
     assert found >= 6
 
 
+def test_predictions_under_bf16_autocast_are_the_exported_weights_own(ner, tmp_path):
+    """`--mixed_precision bf16` over fp32 weights (auto's choice on bf16 CPUs and GPUs): predictions are
+    made without autocast, as `pipeline` makes them with the exported fp32 weights. A head whose labels'
+    scores differ by less than bf16 resolves (each label's row one shared row plus 1e-4 of its own)
+    would tag otherwise."""
+    from transformers import AutoModelForTokenClassification
+
+    close = AutoModelForTokenClassification.from_pretrained(ner["model16"])
+    with torch.no_grad():
+        rows = close.classifier.weight
+        rows.copy_(rows[0] + 1e-4 * rows)
+    close.save_pretrained(tmp_path / "close")
+    AutoTokenizer.from_pretrained(ner["model16"]).save_pretrained(tmp_path / "close")
+    runs = {}
+    for precision in ("no", "bf16"):
+        argv = tag_args(ner, tmp_path / precision, "--do_train", "false", "--do_predict", "--test_file",
+                        str(ner["validation"]), "--mixed_precision", precision)  # fmt: skip
+        argv[argv.index("--model_name_or_path") + 1] = str(tmp_path / "close")
+        main(argv)
+        runs[precision] = [line["tags"] for line in read_jsonl(tmp_path / precision / "predictions.jsonl")]
+    assert runs["bf16"] == runs["no"]
+
+
 def test_a_sentence_five_times_max_length_gets_one_tag_per_word(ner, tmp_path, capsys):
     """A 5 x --max_length sentence among short ones, evaluated and predicted by the tiny tagger: windows
     over words score every word once, so each gets one tag and no gold entity is left out of the

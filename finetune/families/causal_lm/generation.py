@@ -13,7 +13,6 @@ tokens keeps its last --max_length."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from dataclasses import dataclass
 
@@ -41,7 +40,7 @@ from finetune.families.causal_lm.rows import (
     struct_columns,
     unpadded,
 )
-from finetune.training.evaluation import EvaluationAbandoned
+from finetune.training.evaluation import EvaluationAbandoned, without_autocast
 
 FLAG = "--predict_with_generate"
 PROMPTS = "_prompts"
@@ -255,7 +254,7 @@ def generate(accelerator, model, loader, should_stop=None) -> list[str]:
     synced = accelerator.distributed_type == DistributedType.FSDP and accelerator.num_processes > 1
     model.eval()
     rows, tokens = [], []
-    with torch.no_grad(), _without_autocast(model):
+    with torch.no_grad(), without_autocast(model):
         for batch in loader:
             if should_stop is not None and should_stop():  # every rank, at the same batch
                 model.train()
@@ -278,23 +277,6 @@ def generate(accelerator, model, loader, should_stop=None) -> list[str]:
         end = next((i for i, token in enumerate(ids) if token in stops), len(ids))
         completions.append(tokenizer.decode(ids[:end], skip_special_tokens=True))
     return completions
-
-
-@contextlib.contextmanager
-def _without_autocast(model):
-    """The model's forward without Accelerate's autocast (`--mixed_precision bf16` over fp32 weights): the
-    exported model generates in its weights' dtype, and one token rounded otherwise would change every
-    token after it, so predictions and exact matches would not be the exported model's."""
-    wrapped = model.__dict__.get("forward")
-    original = getattr(model, "_original_forward", None)
-    if wrapped is None or original is None:
-        yield
-        return
-    model.forward = original
-    try:
-        yield
-    finally:
-        model.forward = wrapped
 
 
 def exact_match(completions: list[str], references: list[str]) -> float:

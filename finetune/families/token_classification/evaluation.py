@@ -9,7 +9,7 @@ import torch
 
 from finetune.families.token_classification.batches import POSITIONS, row_losses
 from finetune.families.token_classification.tags import confusion, entities, entity_scores, word_scores
-from finetune.training.evaluation import EvaluationAbandoned
+from finetune.training.evaluation import EvaluationAbandoned, without_autocast
 
 
 def scored_words(accelerator, model, loader, task, should_stop=None) -> dict:
@@ -98,7 +98,9 @@ def predict_tags(accelerator, model, loader, task, num_rows: int) -> list[dict]:
     inputs = task.references["test"]
     if len(inputs) != num_rows:
         raise RuntimeError(f"predictions cover {len(inputs)} rows of {num_rows}")
-    words = scored_words(accelerator, model, loader, task)
+    # pipeline's: the exported weights, not autocast's rounding (which can flip a near-tie's tag)
+    with without_autocast(accelerator.unwrap_model(model, keep_torch_compile=False)):
+        words = scored_words(accelerator, model, loader, task)
     lengths = [len(row["words"]) for row in inputs]
     ids, scores = per_sentence(words, "tag", lengths), per_sentence(words, "score", lengths)
     lines = []
