@@ -111,13 +111,15 @@ def test_evaluating_with_tags_the_head_lacks_is_refused(tmp_path, head):
 
 
 def test_class_label_ids_read_as_their_names(tmp_path):
-    names = ["O", "B-PER", "I-PER"]
+    """The model's labels are the ClassLabel's, all of them in its id order (as run_ner takes them), even
+    those the training rows lack: a user's ids and the model's agree."""
+    names = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
     features = Features({"tokens": List(Value("string")), "ner_tags": List(ClassLabel(names=names))})
     Dataset.from_dict(
         {"tokens": [["Ann", "Lee", "ran"]], "ner_tags": [[1, 2, 0]]}, features=features
     ).to_parquet(tmp_path / "t.parquet")
-    _, splits = load_tag_splits(tagging_config(tmp_path, tmp_path / "t.parquet"))
-    assert splits["train"][0]["tags"] == ["B-PER", "I-PER", "O"]
+    task, splits = load_tag_splits(tagging_config(tmp_path, tmp_path / "t.parquet"))
+    assert splits["train"][0]["tags"] == ["B-PER", "I-PER", "O"] and task.label_names == tuple(names)
     # --label_names orders the model's labels; it never renames the ids the dataset names itself.
     task, splits = load_tag_splits(
         tagging_config(tmp_path, tmp_path / "t.parquet", label_names="I-PER,B-PER,O")

@@ -20,9 +20,10 @@ WORD_COLUMNS = ("tokens",)
 TAG_COLUMNS = ("tags", "ner_tags")
 
 
-def read_split(config, name: str, source: str, dataset: Dataset | None = None) -> tuple[Dataset, str]:
-    """One split as `words` and `tags` columns (a test split: `words`, or the raw `text` to split), and
-    the format words of the task line. `dataset`: --dataset_name's split (None: read the file `source`)."""
+def read_split(config, name: str, source: str, dataset: Dataset | None = None):
+    """One split as `words` and `tags` columns (a test split: `words`, or the raw `text` to split), the
+    format words of the task line, and the tag column's ClassLabel names (None without one). `dataset`:
+    --dataset_name's split (None: read the file `source`)."""
     labelled = name != "test"
     suffix = Path(source).suffix.lower() if dataset is None else ""
     if suffix in CONLL:
@@ -33,10 +34,10 @@ def read_split(config, name: str, source: str, dataset: Dataset | None = None) -
                 flag="--label_column",
                 fix="drop --label_column",
             )
-        return read_conll(source, labelled), "CoNLL files"
+        return read_conll(source, labelled), "CoNLL files", None
     if suffix == CONLLU:
         column = "upos" if config.label_column == "label" else config.label_column
-        return read_conllu(source, column, labelled), f"CoNLL-U ({column})"
+        return read_conllu(source, column, labelled), f"CoNLL-U ({column})", None
     if suffix in (".csv", ".tsv"):
         raise ConfigError(
             f"{source}: a {suffix} file holds no lists of words and tags; give .jsonl, .json or .parquet "
@@ -46,8 +47,8 @@ def read_split(config, name: str, source: str, dataset: Dataset | None = None) -
     kind = "rows" if dataset is not None else f"{suffix.lstrip('.')} rows"
     if dataset is None:
         dataset = load_data_file(source, ())
-    split, columns = read_rows(dataset, config, source, labelled)
-    return split, f"{kind} {columns}"
+    split, columns, declared = read_rows(dataset, config, source, labelled)
+    return split, f"{kind} {columns}", declared
 
 
 def read_conll(path: str, labelled: bool) -> Dataset:
@@ -174,16 +175,17 @@ def _lines(path: str):
         raise ConfigError(f"data file {path}: not UTF-8 text; save it as UTF-8") from None
 
 
-def read_rows(dataset: Dataset, config, source: str, labelled: bool) -> tuple[Dataset, str]:
+def read_rows(dataset: Dataset, config, source: str, labelled: bool):
     """Rows with a list of words (`tokens`, or --text_columns) and a list of tags (`tags` or `ner_tags`, or
     --label_column): names, or ids read through --label_names or the column's ClassLabel names. A test
-    split takes `tokens` or a raw `text` column. Returns the split and the columns read, for the task line."""
+    split takes `tokens` or a raw `text` column. Returns the split, the columns read (for the task line),
+    and the tag column's ClassLabel names (None without one)."""
     columns = dataset.column_names
     word_column = config.text_column_names[0] if config.text_column_names else "tokens"
     if not labelled and word_column not in columns and "text" in columns:
         texts = _column(dataset, "text")
         _check_texts(texts, source)
-        return Dataset.from_dict({"text": texts}), "(raw text)"
+        return Dataset.from_dict({"text": texts}), "(raw text)", None
     tag_column = None
     if labelled:
         named = config.label_column if config.label_column != "label" else None
@@ -199,8 +201,8 @@ def read_rows(dataset: Dataset, config, source: str, labelled: bool) -> tuple[Da
     words = _column(dataset, word_column)
     _check_words(words, source, word_column)
     if not labelled:
-        return Dataset.from_dict({"words": words}), f"({word_column})"
-    tags = _tag_names(dataset, tag_column, config, source)
+        return Dataset.from_dict({"words": words}), f"({word_column})", None
+    tags, declared = _tag_names(dataset, tag_column, config, source)
     for row, (row_words, row_tags) in enumerate(zip(words, tags, strict=True)):
         if len(row_words) != len(row_tags):
             raise ConfigError(
@@ -208,7 +210,7 @@ def read_rows(dataset: Dataset, config, source: str, labelled: bool) -> tuple[Da
                 "one tag",
                 fix="give every word one tag",
             )
-    return Dataset.from_dict({"words": words, "tags": tags}), f"({word_column}, {tag_column})"
+    return Dataset.from_dict({"words": words, "tags": tags}), f"({word_column}, {tag_column})", declared
 
 
 def _column(dataset: Dataset, name: str) -> list:
@@ -235,7 +237,7 @@ def _check_texts(texts: list, source: str) -> None:
             raise ConfigError(f"{source}: row {row} has no text; drop the row", fix="drop the row")
 
 
-def _tag_names(dataset: Dataset, column: str, config, source: str) -> list[list[str]]:
+def _tag_names(dataset: Dataset, column: str, config, source: str) -> tuple[list[list[str]], list | None]:
     """Each row's tags as names: strings as they are; ids through the column's ClassLabel (whatever
     --label_names says: it orders the model's labels, it does not rename the data's), else through
     --label_names (an id outside them refused, naming the row)."""
@@ -277,7 +279,7 @@ def _tag_names(dataset: Dataset, column: str, config, source: str) -> list[list[
                 fix="give every tag's name in --label_names",
             )
         result.append([names[t] for t in tags])
-    return result
+    return result, declared
 
 
 def load_tag_sources(config, wanted: dict[str, bool]) -> dict[str, tuple[str, Dataset | None]]:

@@ -96,9 +96,9 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
         "validation": not config.carves_validation and (config.evaluates_training or not config.do_train),
         "test": config.do_predict,
     }
-    splits, formats = {}, {}
+    splits, formats, declared = {}, {}, {}
     for name, (source, dataset) in load_tag_sources(config, wanted).items():
-        splits[name], formats[name] = read_split(config, name, source, dataset)
+        splits[name], formats[name], declared[name] = read_split(config, name, source, dataset)
         if name != "test":  # row numbers as in the file: before any carving or cap
             check_tags(splits[name].select_columns(["tags"]).to_dict()["tags"], source)
     if config.carves_validation:
@@ -118,7 +118,7 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
             "sentences with other tags too",
             fix="give sentences with other tags too",
         )
-    label_names = _label_names(config, labelled)
+    label_names = _label_names(config, labelled, declared.get("train") or declared.get("validation"))
     sequences = labelled.get("train") or labelled.get("validation")
     scheme = detect_scheme(sequences) if sequences else _scheme_of_model(config, label_names)
     read = {fmt for name, fmt in formats.items() if name != "test"} or set(formats.values())
@@ -154,14 +154,17 @@ def load_tag_splits(config) -> tuple[TagTask, dict[str, Dataset]]:
     return task, splits
 
 
-def _label_names(config, labelled: dict) -> tuple[str, ...]:
+def _label_names(config, labelled: dict, declared: list[str] | None = None) -> tuple[str, ...]:
     """The tags in the order of the model's trained head when it tags these very names (a token
-    classifier's id2label: the head is kept); else --label_names in their order, or the training tags
-    sorted (O first). With nothing to train, a head that tags other names (or none) is refused: a new
-    head would be scored untrained."""
+    classifier's id2label: the head is kept); else --label_names in their order, the dataset's ClassLabel
+    names (`declared`: all of them, in its id order, as run_ner takes them), or the training tags sorted
+    (O first). With nothing to train, a head that tags other names (or none) is refused: a new head would
+    be scored untrained."""
     own = model_labels(config.model_name_or_path, config.hub_options)
     if config.label_names:
         names = _listed_names(config)
+    elif declared and "train" in labelled:
+        names = tuple(declared)
     elif "train" in labelled:
         names = label_order(tag for tags in labelled["train"] for tag in tags)
     else:
