@@ -329,3 +329,28 @@ def test_a_csv_file_is_refused_naming_the_tagging_formats(tmp_path):
     with pytest.raises(ConfigError) as error:
         load_tag_splits(tagging_config(tmp_path, train))
     assert "a .csv file holds no lists of words and tags" in str(error.value) and "CoNLL" in error.value.fix
+
+
+def test_pre_split_words_get_the_tokens_of_running_text_with_gemmas_tokenizer():
+    """transformers' GemmaTokenizer writes the spaces' ▁ in its normalizer: a pre-split word, normalized
+    alone, would lose it and train on other tokens than raw text and `pipeline` give the word."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import GemmaTokenizer
+
+    from finetune.families.token_classification.encoding import spaces_words
+
+    text = "John lives in Paris and Lee lives in Rome"
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.train_from_iterator(
+        [text] * 3, trainers.BpeTrainer(vocab_size=80, special_tokens=["<unk>", "<s>", "</s>"])
+    )
+    model = json.loads(backend.to_str())["model"]
+    specials = {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<unk>"}
+    tokenizer = GemmaTokenizer(vocab=model["vocab"], merges=[tuple(m) for m in model["merges"]], **specials)
+    words = text.split()
+    assert spaces_words(tokenizer)
+    spaced = tokenizer(
+        [words[0], *(" " + w for w in words[1:])], is_split_into_words=True, add_special_tokens=False
+    )
+    assert spaced["input_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"]

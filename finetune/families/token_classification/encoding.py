@@ -65,11 +65,24 @@ def scoring_windows(spans: list[tuple[int, int]], words: int) -> list[int]:
 def spaces_words(tokenizer) -> bool:
     """Whether pre-split words must carry the space before them: a byte-level BPE that adds none itself
     (GPT-2's, Llama 3's, Qwen's: add_prefix_space false) reads each word as a text's start, with other
-    tokens than the same word gets in running text, unless the word brings its space along."""
+    tokens than the same word gets in running text, unless the word brings its space along; so does a
+    SentencePiece whose normalizer writes the spaces' ▁ (Gemma's), found by a probe: words that tokenize
+    as the running text only with their spaces."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     pre = (json.loads(backend.to_str()).get("pre_tokenizer") or {}) if backend is not None else {}
     parts = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    return any(p.get("type") == "ByteLevel" and not p.get("add_prefix_space", False) for p in parts)
+    if any(p.get("type") == "ByteLevel" for p in parts):
+        return any(p.get("type") == "ByteLevel" and not p.get("add_prefix_space", False) for p in parts)
+    probe = ["Paris", "is", "large"]
+
+    def ids(words):
+        return tokenizer(words, is_split_into_words=True, add_special_tokens=False)["input_ids"]
+
+    try:
+        running = tokenizer(" ".join(probe), add_special_tokens=False)["input_ids"]
+        return ids(probe) != running and ids([probe[0], *(" " + w for w in probe[1:])]) == running
+    except Exception:  # noqa: BLE001  (a tokenizer that takes no pre-split words: it adds no spaces either)
+        return False
 
 
 def split_text(tokenizer, text: str) -> tuple[list[str], list[tuple[int, int]], list[list[int]]]:
