@@ -51,7 +51,7 @@ def encode_examples(
     row_number: int,
     source: str,
     appended: list[int] | None = None,
-) -> Encoded:
+) -> list[Encoded]:
     """`row`, checked by check_rows as a row of `fmt`, as token ids and labels, cut to `max_length` tokens:
     one example, or for a conversation whose template renders earlier turns differently once answered
     (Qwen3's drops their reasoning), one per assistant turn, each on the conversation up to it.
