@@ -198,7 +198,8 @@ def _conversation(
     """The conversation rendered by the chat template and tokenized once, with no special tokens added
     (the template writes its own). Targets: the assistant turns, those of the completion only where
     `prompt_turns` (the prompt's length) is given; not assistant_only_loss, every token of the completion
-    after the generation prompt, or of the conversation where no prompt is given."""
+    after the generation prompt, or of the conversation where no prompt is given. One example, or one per
+    assistant turn where the conversation through a turn does not begin the whole."""
     if not getattr(tokenizer, "chat_template", None):
         raise refuse("is a conversation, but the tokenizer has no chat template", TEMPLATE_FIX)
 
@@ -214,20 +215,19 @@ def _conversation(
     if not assistant_only_loss and prompt_turns is None:
         ids = tokenizer(full, add_special_tokens=False)["input_ids"]
         return [(ids, list(ids))]
-    try:
-        spans = _target_spans(messages, prompt_turns, full, render, assistant_only_loss, refuse)
+    if not assistant_only_loss:  # the completion of a conversational prompt-completion, whole
+        span = _completion_span(messages, prompt_turns, full, render, refuse)
+        return [_tokenized(full, [span], tokenizer, refuse)]
+    turns = [(render(messages[: i + 1]), i) for i in _assistant_turns(messages, prompt_turns, refuse)]
+    spans = [_turn_span(messages, i, through, render, refuse) for through, i in turns]
+    if all(full.startswith(through) for through, _ in turns):
         return [_tokenized(full, spans, tokenizer, refuse)]
-    except _TurnsDiffer:  # each assistant turn on the conversation up to it, as the model meets it
-        rendered = [(render(messages[: i + 1]), i) for i in _assistant_turns(messages, prompt_turns, refuse)]
-        return [
-            _tokenized(through, [_turn_span(messages, i, through, render, refuse)], tokenizer, refuse)
-            for through, i in rendered
-        ]
-
-
-class _TurnsDiffer(Exception):
-    """The conversation through an assistant turn does not begin the whole: the template renders that
-    turn (or one before it) otherwise once later turns follow."""
+    # The template renders a turn otherwise once later turns follow (Qwen3's drops answered turns'
+    # reasoning): each assistant turn on the conversation up to it, as the model meets it.
+    return [
+        _tokenized(through, [span], tokenizer, refuse)
+        for (through, _), span in zip(turns, spans, strict=True)
+    ]
 
 
 def _tokenized(text: str, spans, tokenizer, refuse):
@@ -242,32 +242,18 @@ def _tokenized(text: str, spans, tokenizer, refuse):
     return ids, _labels_in_spans(ids, encoding["offset_mapping"], spans, text, refuse)
 
 
-def _target_spans(messages, prompt_turns: int | None, full: str, render, assistant_only_loss: bool, refuse):
-    """The (start, end) characters of `full` to train on, each keyed by its message, in order.
-
-    An assistant turn's: what it adds to the conversation before it, after the generation prompt, less
-    trailing whitespace (ChatML's newline after <|im_end|> is the next turn's start, never predicted at
-    the end of a reply). The prompt for turn i must begin the conversation through turn i, and that the
-    whole conversation; where it does not (a template that renders a turn otherwise once later turns
-    follow), `_TurnsDiffer`: the caller trains the turns one at a time."""
-    if not assistant_only_loss:  # the completion of a conversational prompt-completion, whole
-        before = render(messages[:prompt_turns], add_generation_prompt=True)
-        if not full.startswith(before):
-            raise refuse(
-                "is rendered by the chat template so that its prompt with the generation prompt does not "
-                "begin the whole conversation",
-                f"{TEMPLATE_FIX} that renders each turn the same wherever it stands, or "
-                "--completion_only_loss false",
-            )
-        return [(len(before), len(full.rstrip()), prompt_turns)]
-    spans = []
-    for i in _assistant_turns(messages, prompt_turns, refuse):
-        through = render(messages[: i + 1])
-        span = _turn_span(messages, i, through, render, refuse)
-        if not full.startswith(through):
-            raise _TurnsDiffer
-        spans.append(span)
-    return spans
+def _completion_span(messages, prompt_turns: int, full: str, render, refuse) -> tuple[int, int, int]:
+    """With --assistant_only_loss false, a conversational prompt-completion's targets: all of `full`
+    after its prompt with the generation prompt, less trailing whitespace."""
+    before = render(messages[:prompt_turns], add_generation_prompt=True)
+    if not full.startswith(before):
+        raise refuse(
+            "is rendered by the chat template so that its prompt with the generation prompt does not "
+            "begin the whole conversation",
+            f"{TEMPLATE_FIX} that renders each turn the same wherever it stands, or "
+            "--completion_only_loss false",
+        )
+    return len(before), len(full.rstrip()), prompt_turns
 
 
 def _assistant_turns(messages, prompt_turns: int | None, refuse) -> list[int]:
@@ -286,8 +272,9 @@ def _assistant_turns(messages, prompt_turns: int | None, refuse) -> list[int]:
 
 def _turn_span(messages, i: int, through: str, render, refuse) -> tuple[int, int, int]:
     """Assistant turn i's targets in `through`, the conversation rendered up to it: what it adds after the
-    generation prompt, less trailing whitespace; refused where the template writes it as nothing, without
-    its tool calls, or not after the generation prompt."""
+    generation prompt, less trailing whitespace (ChatML's newline after <|im_end|> is the next turn's
+    start, never predicted at the end of a reply); refused where the template writes it as nothing,
+    without its tool calls, or not after the generation prompt."""
     before = render(messages[:i], add_generation_prompt=True)
     if not through.startswith(before):
         raise refuse(
