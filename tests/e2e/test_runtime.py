@@ -5,7 +5,6 @@ from tests.helpers import tiny_args
 from tests.warm_ranks import run_warm
 
 GLIBC = is_glibc()
-PAGES_IN_64_MB = 64 * 2**20 // 4096
 
 
 @pytest.mark.subprocess
@@ -15,8 +14,10 @@ def test_cpu_run_reuses_freed_memory_without_page_faults(keep, tiny_model_dir, n
     flags = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--keep_freed_memory", str(keep).lower())
     done = run_warm(flags, script="tests/probes/refill_faults.py")  # malloc's settings: per process
     assert done.returncode == 0, done.stderr[-3000:]
-    faults = int(done.stdout.split()[-1])
+    # Faults to refill a freed 64 MB block, and to touch a fresh 64 MB mapping: the kernel's own cost,
+    # whatever it maps per fault (4 kB pages, 16 kB folios, 2 MB huge pages).
+    refill, fresh = map(int, done.stdout.split()[-2:])
     if keep:  # the block comes back from the heap, its pages still mapped
-        assert faults < PAGES_IN_64_MB // 10
-    else:  # glibc maps the block afresh and the kernel faults in every page
-        assert faults > PAGES_IN_64_MB // 2
+        assert refill < fresh // 10, (refill, fresh)
+    else:  # glibc maps the block afresh and the kernel faults it in as it would any new mapping
+        assert refill > fresh // 2, (refill, fresh)
