@@ -133,8 +133,10 @@ def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]
 
     Batches run length-sorted and sharded over ranks; each carries its row numbers, so the result
     is put back in file order whatever the sharding, and checked to hold every row once. Windows of
-    long documents (--long_documents sliding_window) make one prediction per document, with `windows`."""
-    rows, logits, windows = _gathered(accelerator, model, loader, "row", None, task)
+    long documents (--long_documents sliding_window) make one prediction per document, with `windows`.
+    Made without autocast, as the exported weights and `pipeline` make them (`without_autocast`)."""
+    with without_autocast(accelerator.unwrap_model(model, keep_torch_compile=False)):
+        rows, logits, windows = _gathered(accelerator, model, loader, "row", None, task)
     order = rows.argsort()
     if not torch.equal(rows[order], torch.arange(num_rows)):
         raise RuntimeError(
@@ -210,18 +212,22 @@ def _gathered(accelerator, model, loader, key: str, should_stop=None, task: Task
     return keys, logits, windows
 
 
+def autocasts(model) -> bool:
+    """Whether Accelerate runs the (unwrapped) model's forward under autocast (`--mixed_precision` bf16 or
+    fp16): then evaluations during training round where the exported weights do not."""
+    return "forward" in model.__dict__ and getattr(model, "_original_forward", None) is not None
+
+
 @contextlib.contextmanager
 def without_autocast(model):
     """The model's (unwrapped) forward without Accelerate's autocast (`--mixed_precision bf16` over fp32
     weights): what the exported model computes, in its weights' dtype, for predictions that must be its
     own (`pipeline` answers as predictions.jsonl; a generated token rounded otherwise would change every
     token after it)."""
-    wrapped = model.__dict__.get("forward")
-    original = getattr(model, "_original_forward", None)
-    if wrapped is None or original is None:
+    if not autocasts(model):
         yield
         return
-    model.forward = original
+    wrapped, model.forward = model.forward, model._original_forward
     try:
         yield
     finally:

@@ -27,6 +27,7 @@ from finetune.families.causal_lm.batches import (
 )
 from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits, source_of
 from finetune.families.causal_lm.generation import (
+    PROMPTS,
     Prompts,
     check_generation,
     encode_prompts,
@@ -162,6 +163,10 @@ class CausalLM:
     def evaluator(self, task: LmTask, accelerator) -> Evaluator:
         scored = functools.partial(_evaluate, accelerator=accelerator, head_at_targets=self.head_at_targets)
         return with_exact_match(scored, accelerator)
+
+    def autocast_loaders(self, eval_loaders: dict) -> dict:
+        """The scored splits: --predict_with_generate's prompts are generated without autocast already."""
+        return {name: loader for name, loader in eval_loaders.items() if not name.endswith(PROMPTS)}
 
     def predict(self, accelerator, model, loader, task: LmTask, num_rows: int) -> list[dict]:
         return predict_completions(accelerator, model, loader)  # each of the num_rows once, checked
