@@ -7,6 +7,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from finetune.data.tasks import Task, eval_key
 from finetune.data.windows import by_document
@@ -56,6 +57,15 @@ def class_weights_tensor(weights: tuple[float, ...], device: torch.device) -> to
     """--class_weights on the device, copied once per process, not per step: a copy from host memory
     waits for the device, and cannot be captured in a CUDA graph (--cuda_graphs)."""
     return torch.tensor(weights, dtype=torch.float32, device=device)
+
+
+def progress(accelerator, loader, desc: str):
+    """A progress bar over `loader`'s batches, made as training's is (on each machine's first rank, to
+    stderr): evaluation, generation and prediction can take minutes. Nested under the training bar it is
+    cleared when done (`leave=None`: kept only as the one bar), so an evaluate-only or predicting run keeps
+    its final line and a training run only its `step N: ...` lines. A context manager: closed before any
+    error message."""
+    return tqdm(loader, desc=desc, unit="batch", leave=None, disable=not accelerator.is_local_main_process)
 
 
 class EvaluationAbandoned(Exception):
@@ -136,7 +146,7 @@ def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]
     long documents (--long_documents sliding_window) make one prediction per document, with `windows`.
     Made without autocast, as the exported weights and `pipeline` make them (`without_autocast`)."""
     with without_autocast(accelerator.unwrap_model(model, keep_torch_compile=False)):
-        rows, logits, windows = _gathered(accelerator, model, loader, "row", None, task)
+        rows, logits, windows = _gathered(accelerator, model, loader, "row", None, task, "predict")
     order = rows.argsort()
     if not torch.equal(rows[order], torch.arange(num_rows)):
         raise RuntimeError(
@@ -178,7 +188,9 @@ def _gathered_logits(
     return keys, logits
 
 
-def _gathered(accelerator, model, loader, key: str, should_stop=None, task: Task | None = None):
+def _gathered(
+    accelerator, model, loader, key: str, should_stop=None, task: Task | None = None, desc: str = "eval"
+):
     """Collective: `_gathered_logits`, and each row's number of windows (None without windows). Windows
     carry their document's number (`doc`), gathered with them: after the gather every rank groups the
     windows of each document, wherever they were scored, into one row (task.window_aggregation)."""
@@ -188,8 +200,8 @@ def _gathered(accelerator, model, loader, key: str, should_stop=None, task: Task
     model = getattr(model, "_orig_mod", model)
     model.eval()
     keys, outputs, docs = [], [], []
-    with torch.no_grad():
-        for batch in loader:
+    with torch.no_grad(), progress(accelerator, loader, desc) as batches:
+        for batch in batches:
             if should_stop is not None and should_stop():  # every rank, at the same batch
                 model.train()
                 raise EvaluationAbandoned
