@@ -27,6 +27,7 @@ from tests.chat_models import build_tiny_lm
 from tests.e2e.test_sft import conversation
 from tests.helpers import read_jsonl, reset_accelerate, tiny_args
 from tests.tagging_data import sentences, tiny_tagger, write_conll, write_jsonl
+from tests.warm_ranks import run_ranks
 
 TIGHT = 1e-6  # fp32 against fp32, batched against one row alone; bf16 autocast moves it 5e-6 or more
 
@@ -102,19 +103,29 @@ def test_sft_results_are_the_exported_models(tmp_path):
     assert_training_evaluated_otherwise(results, "eval_loss", total / count)
 
 
-def test_tagging_results_are_the_exported_models(tmp_path):
-    """The tiny BERT tagger: eval_f1 and eval_accuracy (word by word, each word read from its first
-    sub-token) and eval_loss (over those sub-tokens) are the exported folder's in fp32."""
+@pytest.mark.parametrize(
+    "processes", [1, pytest.param(2, marks=pytest.mark.multiprocess)], ids=["one-process", "two-processes"]
+)
+def test_tagging_results_are_the_exported_models(tmp_path, processes):
+    """The tiny BERT tagger, on one process and on two (DDP's wrapper around the model, 15 sentences: one
+    repeated): eval_f1 and eval_accuracy (word by word, each word read from its first sub-token) and
+    eval_loss (over those sub-tokens) are the exported folder's in fp32."""
     validation_rows = sentences(15, seed=1)
     out = tmp_path / "out"
     train = write_conll(tmp_path / "train.conll", sentences(48, seed=0))
     validation = write_jsonl(tmp_path / "validation.jsonl", validation_rows)
-    results = main(["--task_type", "token_classification", "--model_name_or_path",
-                    str(tiny_tagger(tmp_path / "bert")), "--train_file", str(train), "--validation_file",
-                    str(validation), "--output_dir", str(out),
-                    "--max_length", "64", "--mixed_precision", "bf16", "--report_to", "none", "--save_plots",
-                    "false", "--num_train_epochs", "2", "--per_device_train_batch_size", "8",
-                    "--learning_rate", "5e-3"])  # fmt: skip
+    model_dir = tiny_tagger(tmp_path / "bert")
+    argv = ["--task_type", "token_classification", "--model_name_or_path", str(model_dir), "--train_file",
+            str(train), "--validation_file", str(validation), "--output_dir", str(out), "--max_length", "64",
+            "--mixed_precision", "bf16", "--report_to", "none", "--save_plots", "false", "--num_train_epochs",
+            "2", "--per_device_train_batch_size", "8", "--learning_rate", "5e-3"]  # fmt: skip
+    if processes == 1:
+        results = main(argv)
+    else:
+        done = run_ranks(argv)
+        assert done.returncode == 0, done.stderr[-3000:]
+        results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == processes
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForTokenClassification.from_pretrained(out).eval()
     names, ids = model.config.id2label, model.config.label2id
