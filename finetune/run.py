@@ -54,7 +54,7 @@ from finetune.speed.compile import compile_cache_line, compile_counts
 from finetune.speed.cuda_graphs import GraphedSteps, cuda_graphs_for
 from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.memory import fit_batch_size
-from finetune.training.best import training_outcome, use_best_model
+from finetune.training.best import as_exported, evaluate_as_exported, training_outcome, use_best_model
 from finetune.training.calibrate import calibrate_model
 from finetune.training.checkpoint import TrainState, load_checkpoint, resolve_resume
 from finetune.training.loop import Run, train
@@ -295,7 +295,11 @@ def execute(run: Run) -> dict:
         if stop.received:  # after training's last check: stopped before the export, its checkpoint kept
             raise Stopped(stop.received)
         exported = use_best_model(run)  # collective: the evaluation of the model exported below
-        calibration = calibrate_model(run) if config.calibrate != "none" else {}  # collective
+        calibration = {}
+        if config.calibrate != "none":  # collective; its eval_* keys are the calibrated export's
+            calibration = calibrate_model(run)
+        else:  # collective: as the export computes (no autocast), when training's evaluations differ
+            exported = as_exported(run, exported)
         export_model(accelerator, run.model, run.tokenizer, config.output_dir)
         if config.torch_compile and accelerator.is_main_process:
             print(compile_cache_line(compiled_before))  # whether this run reused earlier compiled code
@@ -320,7 +324,7 @@ def execute(run: Run) -> dict:
             **calibration,
         }
     elif run.eval_loaders:
-        results = run.family.evaluator(task, accelerator)(run.model, run.eval_loaders)  # collective
+        results = evaluate_as_exported(run, run.eval_loaders)  # collective: the given model's own figures
         if accelerator.is_main_process:  # the evaluation's line, as a training run logs each one
             run.log.log({"step": 0, **{k: v for k, v in results.items() if not isinstance(v, dict)}})
     predictions = None

@@ -60,6 +60,9 @@ class SequenceClassification:
     def evaluator(self, task: Task, accelerator) -> Evaluator:
         return functools.partial(_evaluate, accelerator=accelerator, task=task)
 
+    def autocast_loaders(self, eval_loaders: dict) -> dict:
+        return eval_loaders
+
     def predict(self, accelerator, model, loader, task: Task, num_rows: int) -> list[dict]:
         return predict(accelerator, model, loader, task, num_rows)
 

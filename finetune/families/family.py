@@ -61,8 +61,12 @@ class TaskFamily(Protocol):
     def evaluator(self, task, accelerator) -> Evaluator:
         """Collective (it may load a metric module): the evaluation of a model on the eval loaders."""
 
+    def autocast_loaders(self, eval_loaders: dict) -> dict:
+        """The eval loaders `evaluator` runs under autocast (--mixed_precision over fp32 weights), evaluated
+        once more without it for the exported model's figures (training/best.py as_exported)."""
+
     def predict(self, accelerator, model, loader, task, num_rows: int) -> list[dict]:
-        """Collective: predictions.jsonl's lines, in input order."""
+        """Collective: predictions.jsonl's lines, in input order, made without autocast (as the export)."""
 
     def card_parts(self, config, task):
         """The model card's pipeline, description and use (`output.card.CardParts`; None: a classifier's)."""

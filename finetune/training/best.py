@@ -14,6 +14,7 @@ from finetune.model.lora import ADAPTER_DIR, is_peft_model, with_adapter_weights
 from finetune.output.export import export_model
 from finetune.output.writing import writing
 from finetune.training.checkpoint import BEST_MODEL_DIR, BEST_RECORD, TrainState
+from finetune.training.evaluation import autocasts, without_autocast
 from finetune.training.meter import _fractional_epoch
 
 if TYPE_CHECKING:  # annotations only: training/loop.py imports this module
@@ -164,6 +165,27 @@ def use_best_model(run: Run) -> dict:
             f"{state.best_metric:.4f}); the last step was {state.global_step}"
         )
     return state.best_evaluation
+
+
+def as_exported(run: Run, exported: dict) -> dict:
+    """Collective: `exported` (use_best_model's evaluation) as the exported model scores. Evaluations during
+    training run under autocast where Accelerate applies it (--mixed_precision bf16 or fp16 over fp32
+    weights), for speed; the export computes in its weights' dtype, as `pipeline` runs it, and autocast's
+    rounding moves the loss and can flip a near-tie's prediction. So then the model is evaluated once more,
+    without autocast, on the loaders the family evaluates under it (completions are generated without it
+    already), and those figures replace training's; step and epoch stay (the exported model's)."""
+    model = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    if not exported or not autocasts(model):
+        return exported
+    return {**exported, **evaluate_as_exported(run, run.family.autocast_loaders(run.eval_loaders))}
+
+
+def evaluate_as_exported(run: Run, eval_loaders: dict) -> dict:
+    """Collective: the family's evaluation of the model on `eval_loaders` without autocast, as the exported
+    weights compute: results.json's figures (an evaluate-only run's too)."""
+    evaluate = run.family.evaluator(run.task, run.accelerator)
+    with without_autocast(run.accelerator.unwrap_model(run.model, keep_torch_compile=False)):
+        return evaluate(run.model, eval_loaders)
 
 
 def training_outcome(run: Run, exported: dict) -> dict:

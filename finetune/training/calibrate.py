@@ -10,7 +10,7 @@ results.json keys (`<split>`: as eval_key names it, e.g. eval_matched_... for MN
   split T was fit on (`calibration_fit_split`) they are in-sample: T has seen those rows' labels;
 - `eval_<split>_ece_before_calibration`, `..._brier_before_calibration`, `..._loss_before_calibration`
   (multi-label: each label's ECE and Brier too) for every split, and `eval_loss_before_calibration`:
-  the model before dividing by T, as training evaluated it;
+  the model before dividing by T (without autocast, as every figure here);
 - `eval_<split>_ece_after_calibration_held_out`, `..._brier_...`, `..._loss_...` (fit split only): held
   out by 2-fold cross-fitting (rows alternate between the folds in evaluation order, each fold scored
   with the T fit on the other): what the calibrated model's figures are on rows T did not see;
@@ -42,7 +42,7 @@ from finetune.metrics.calibration import (
 from finetune.model.lora import classification_head, is_peft_model
 from finetune.output.plots import RELIABILITY_FILE, plot_reliability_diagram
 from finetune.output.writing import writing
-from finetune.training.evaluation import _gathered_logits, split_results, split_scores
+from finetune.training.evaluation import _gathered_logits, split_results, split_scores, without_autocast
 
 
 def check_calibration(config, task: Task, splits: dict) -> None:
@@ -82,15 +82,18 @@ def calibrate_model(run) -> dict:
     # sliding_window (their windows' mean or max): dividing every window by T divides that aggregate by
     # T, so logits / T are the exported model's (to float32 rounding), and T fitted here is the one the
     # predictions see.
-    gathered = {
-        name: _gathered_logits(accelerator, run.model, loader, "labels", None, task)
-        for name, loader in run.eval_loaders.items()
-    }
+    # Without autocast: T is fit on, and every figure is, the logits of the exported weights' dtype.
+    unwrapped = accelerator.unwrap_model(run.model, keep_torch_compile=False)
+    with without_autocast(unwrapped):
+        gathered = {
+            name: _gathered_logits(accelerator, run.model, loader, "labels", None, task)
+            for name, loader in run.eval_loaders.items()
+        }
     references, logits = gathered[split]
     fitted = fit_temperature(logits, references, multi)  # every rank: the same gathered logits, the same T
     fitted = torch.tensor([fitted], dtype=torch.float64, device=accelerator.device)
     temperature = float(broadcast(fitted, from_process=0)[0])  # rank 0's, so the replicas stay identical
-    scale_head(accelerator.unwrap_model(run.model, keep_torch_compile=False), 1 / temperature)
+    scale_head(unwrapped, 1 / temperature)
 
     def results_with(scale) -> dict:
         return split_results({n: split_scores(scale(z), y, task) for n, (y, z) in gathered.items()}, task)

@@ -7,6 +7,7 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from finetune.data.tasks import Task, eval_key
 from finetune.data.windows import by_document
@@ -56,6 +57,15 @@ def class_weights_tensor(weights: tuple[float, ...], device: torch.device) -> to
     """--class_weights on the device, copied once per process, not per step: a copy from host memory
     waits for the device, and cannot be captured in a CUDA graph (--cuda_graphs)."""
     return torch.tensor(weights, dtype=torch.float32, device=device)
+
+
+def progress(accelerator, loader, desc: str):
+    """A progress bar over `loader`'s batches, made as training's is (on each machine's first rank, to
+    stderr): evaluation, generation and prediction can take minutes. Nested under the training bar it is
+    cleared when done (`leave=None`: kept only as the one bar), so an evaluate-only or predicting run keeps
+    its final line and a training run only its `step N: ...` lines. A context manager: closed before any
+    error message."""
+    return tqdm(loader, desc=desc, unit="batch", leave=None, disable=not accelerator.is_local_main_process)
 
 
 class EvaluationAbandoned(Exception):
@@ -133,8 +143,10 @@ def predict(accelerator, model, loader, task: Task, num_rows: int) -> list[dict]
 
     Batches run length-sorted and sharded over ranks; each carries its row numbers, so the result
     is put back in file order whatever the sharding, and checked to hold every row once. Windows of
-    long documents (--long_documents sliding_window) make one prediction per document, with `windows`."""
-    rows, logits, windows = _gathered(accelerator, model, loader, "row", None, task)
+    long documents (--long_documents sliding_window) make one prediction per document, with `windows`.
+    Made without autocast, as the exported weights and `pipeline` make them (`without_autocast`)."""
+    with without_autocast(accelerator.unwrap_model(model, keep_torch_compile=False)):
+        rows, logits, windows = _gathered(accelerator, model, loader, "row", None, task, "predict")
     order = rows.argsort()
     if not torch.equal(rows[order], torch.arange(num_rows)):
         raise RuntimeError(
@@ -176,7 +188,9 @@ def _gathered_logits(
     return keys, logits
 
 
-def _gathered(accelerator, model, loader, key: str, should_stop=None, task: Task | None = None):
+def _gathered(
+    accelerator, model, loader, key: str, should_stop=None, task: Task | None = None, desc: str = "eval"
+):
     """Collective: `_gathered_logits`, and each row's number of windows (None without windows). Windows
     carry their document's number (`doc`), gathered with them: after the gather every rank groups the
     windows of each document, wherever they were scored, into one row (task.window_aggregation)."""
@@ -186,8 +200,8 @@ def _gathered(accelerator, model, loader, key: str, should_stop=None, task: Task
     model = getattr(model, "_orig_mod", model)
     model.eval()
     keys, outputs, docs = [], [], []
-    with torch.no_grad():
-        for batch in loader:
+    with torch.no_grad(), progress(accelerator, loader, desc) as batches:
+        for batch in batches:
             if should_stop is not None and should_stop():  # every rank, at the same batch
                 model.train()
                 raise EvaluationAbandoned
@@ -210,18 +224,22 @@ def _gathered(accelerator, model, loader, key: str, should_stop=None, task: Task
     return keys, logits, windows
 
 
+def autocasts(model) -> bool:
+    """Whether Accelerate runs the (unwrapped) model's forward under autocast (`--mixed_precision` bf16 or
+    fp16): then evaluations during training round where the exported weights do not."""
+    return "forward" in model.__dict__ and getattr(model, "_original_forward", None) is not None
+
+
 @contextlib.contextmanager
 def without_autocast(model):
     """The model's (unwrapped) forward without Accelerate's autocast (`--mixed_precision bf16` over fp32
     weights): what the exported model computes, in its weights' dtype, for predictions that must be its
     own (`pipeline` answers as predictions.jsonl; a generated token rounded otherwise would change every
     token after it)."""
-    wrapped = model.__dict__.get("forward")
-    original = getattr(model, "_original_forward", None)
-    if wrapped is None or original is None:
+    if not autocasts(model):
         yield
         return
-    model.forward = original
+    wrapped, model.forward = model.forward, model._original_forward
     try:
         yield
     finally:

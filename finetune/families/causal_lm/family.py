@@ -27,6 +27,7 @@ from finetune.families.causal_lm.batches import (
 )
 from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits, source_of
 from finetune.families.causal_lm.generation import (
+    PROMPTS,
     Prompts,
     check_generation,
     encode_prompts,
@@ -45,7 +46,7 @@ from finetune.model.options import loading_error, refuse_checkpoint_dtype
 from finetune.output.card import CardParts
 from finetune.speed.attention import computes_in_half, use_causal_varlen_attention
 from finetune.speed.memory import enable_gradient_checkpointing
-from finetune.training.evaluation import EvaluationAbandoned
+from finetune.training.evaluation import EvaluationAbandoned, progress
 
 REFUSED = {  # flag: (the value that asks for it, why this family refuses it)
     "validation_mismatched_file": (None, "is MNLI's second validation set"),
@@ -163,6 +164,10 @@ class CausalLM:
         scored = functools.partial(_evaluate, accelerator=accelerator, head_at_targets=self.head_at_targets)
         return with_exact_match(scored, accelerator)
 
+    def autocast_loaders(self, eval_loaders: dict) -> dict:
+        """The scored splits: --predict_with_generate's prompts are generated without autocast already."""
+        return {name: loader for name, loader in eval_loaders.items() if not name.endswith(PROMPTS)}
+
     def predict(self, accelerator, model, loader, task: LmTask, num_rows: int) -> list[dict]:
         return predict_completions(accelerator, model, loader)  # each of the num_rows once, checked
 
@@ -199,17 +204,18 @@ def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator, head_
     with torch.no_grad():
         for split, loader in eval_loaders.items():
             losses, counts = [], []
-            for batch in loader:
-                if should_stop is not None and should_stop():  # every rank, at the same batch
-                    model.train()
-                    raise EvaluationAbandoned
-                labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
-                with head_at(hooked, positions):
-                    logits = model(**batch, use_cache=False).logits
-                summed, targets = row_losses(logits, labels, positions)
-                summed, targets = accelerator.gather_for_metrics((summed, targets))
-                losses.append(summed)
-                counts.append(targets)
+            with progress(accelerator, loader, "eval") as batches:
+                for batch in batches:
+                    if should_stop is not None and should_stop():  # every rank, at the same batch
+                        model.train()
+                        raise EvaluationAbandoned
+                    labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
+                    with head_at(hooked, positions):
+                        logits = model(**batch, use_cache=False).logits
+                    summed, targets = row_losses(logits, labels, positions)
+                    summed, targets = accelerator.gather_for_metrics((summed, targets))
+                    losses.append(summed)
+                    counts.append(targets)
             total, tokens = torch.cat(losses).sum().item(), torch.cat(counts).sum().item()
             loss = total / max(tokens, 1)
             prefix = "eval" if split == "validation" else f"eval_{split}"

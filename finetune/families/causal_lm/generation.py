@@ -40,7 +40,7 @@ from finetune.families.causal_lm.rows import (
     struct_columns,
     unpadded,
 )
-from finetune.training.evaluation import EvaluationAbandoned, without_autocast
+from finetune.training.evaluation import EvaluationAbandoned, progress, without_autocast
 
 FLAG = "--predict_with_generate"
 PROMPTS = "_prompts"
@@ -242,7 +242,7 @@ def prompt_loaders(prompts: dict[str, Prompts], pad_token_id: int, config, on_gp
     return loaders
 
 
-def generate(accelerator, model, loader, should_stop=None) -> list[str]:
+def generate(accelerator, model, loader, should_stop=None, desc: str = "generate") -> list[str]:
     """Collective: the completion of every row of `loader`'s prompts, in row order. Each rank generates its
     shard greedily by the model's generation config; the new tokens, padded to --generation_max_new_tokens,
     are gathered with their row numbers (gather_for_metrics drops the rows Accelerate repeats to even the
@@ -254,8 +254,8 @@ def generate(accelerator, model, loader, should_stop=None) -> list[str]:
     synced = accelerator.distributed_type == DistributedType.FSDP and accelerator.num_processes > 1
     model.eval()
     rows, tokens = [], []
-    with torch.no_grad(), without_autocast(model):
-        for batch in loader:
+    with torch.no_grad(), without_autocast(model), progress(accelerator, loader, desc) as batches:
+        for batch in batches:
             if should_stop is not None and should_stop():  # every rank, at the same batch
                 model.train()
                 raise EvaluationAbandoned
@@ -306,5 +306,5 @@ def with_exact_match(evaluate, accelerator):
 
 def predict_completions(accelerator, model, loader) -> list[dict]:
     """Collective: predictions.jsonl's lines, {"row", "completion"}, in input order."""
-    completions = generate(accelerator, model, loader)  # every row once, checked
+    completions = generate(accelerator, model, loader, desc="predict")  # every row once, checked
     return [{"row": row, "completion": completion} for row, completion in enumerate(completions)]

@@ -9,10 +9,10 @@ import torch
 
 from finetune.families.token_classification.batches import POSITIONS, row_losses
 from finetune.families.token_classification.tags import confusion, entities, entity_scores, word_scores
-from finetune.training.evaluation import EvaluationAbandoned, without_autocast
+from finetune.training.evaluation import EvaluationAbandoned, progress, without_autocast
 
 
-def scored_words(accelerator, model, loader, task, should_stop=None) -> dict:
+def scored_words(accelerator, model, loader, task, should_stop=None, desc: str = "eval") -> dict:
     """Collective: every scored word's sentence (`row`), position (`word`), predicted label id (`tag`) and
     probability (`score`), as numpy arrays in no particular order, and the loss summed over the labelled
     sub-tokens with their count (0 for unlabelled rows). Widths differ across ranks: padded to the widest
@@ -21,8 +21,8 @@ def scored_words(accelerator, model, loader, task, should_stop=None) -> dict:
     model.eval()
     parts = {"row": [], "word": [], "tag": [], "score": []}
     loss, tokens = [], []
-    with torch.no_grad():
-        for batch in loader:
+    with torch.no_grad(), progress(accelerator, loader, desc) as batches:
+        for batch in batches:
             if should_stop is not None and should_stop():  # every rank, at the same batch
                 model.train()
                 raise EvaluationAbandoned
@@ -100,7 +100,7 @@ def predict_tags(accelerator, model, loader, task, num_rows: int) -> list[dict]:
         raise RuntimeError(f"predictions cover {len(inputs)} rows of {num_rows}")
     # pipeline's: the exported weights, not autocast's rounding (which can flip a near-tie's tag)
     with without_autocast(accelerator.unwrap_model(model, keep_torch_compile=False)):
-        words = scored_words(accelerator, model, loader, task)
+        words = scored_words(accelerator, model, loader, task, desc="predict")
     lengths = [len(row["words"]) for row in inputs]
     ids, scores = per_sentence(words, "tag", lengths), per_sentence(words, "score", lengths)
     lines = []

@@ -109,6 +109,9 @@ class TokenClassification:
     def evaluator(self, task: TagTask, accelerator) -> Evaluator:
         return functools.partial(evaluate_tags, accelerator=accelerator, task=task)
 
+    def autocast_loaders(self, eval_loaders: dict) -> dict:
+        return eval_loaders
+
     def predict(self, accelerator, model, loader, task: TagTask, num_rows: int) -> list[dict]:
         return predict_tags(accelerator, model, loader, task, num_rows)
 
