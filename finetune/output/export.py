@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from finetune.model.lora import is_peft_model, save_merged_and_adapter
+from finetune.model.lora import ADAPTER_DIR, is_peft_model, save_merged_and_adapter
+from finetune.output.modes import follow_umask
 from finetune.output.writing import writing
 from finetune.training.checkpoint import BEST_MODEL_DIR
 
@@ -30,6 +31,8 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
             for how_it_was_read in ("is_local", "local_files_only"):  # would bind a pushed copy to a disk
                 tokenizer.init_kwargs.pop(how_it_was_read, None)
             tokenizer.save_pretrained(output_dir)
+            for folder in (Path(output_dir), Path(output_dir) / ADAPTER_DIR):
+                follow_umask(folder)
     accelerator.wait_for_everyone()
 
 
