@@ -180,3 +180,28 @@ def test_every_file_of_a_lora_run_has_the_mode_its_umask_gives(tiny_model_dir, n
         assert weights in modes
     assert any(name.startswith("checkpoint-1/") and name.endswith(".safetensors") for name in modes)
     assert {name: mode for name, mode in modes.items() if mode != oct(0o664)} == {}
+
+
+def test_the_root_and_best_model_hold_one_copy_when_the_root_is_the_best(tiny_model_dir, nli_files, tmp_path):
+    """The best evaluation is the last step's: the root's weights and best_model/'s are the same bytes,
+    kept once (hard links; the demo-sft's 1.1 GB twice before), best_model/ still a complete model with
+    its record. An export into one folder first takes its name off a shared file, so no writer can
+    change the other folder's model through it."""
+    from transformers import AutoModelForSequenceClassification
+
+    out = tmp_path / "out"
+    assert cli([*tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2"), "--use_peft"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["exported_model_step"] == results["best_step"] == 2
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        assert (out / name).samefile(out / "best_model" / name) and (out / name).stat().st_nlink == 2, name
+    assert json.loads((out / "best_model" / "eval_results.json").read_text())["step"] == 2
+    AutoModelForSequenceClassification.from_pretrained(out / "best_model")  # ready for pipeline
+    root = (out / "model.safetensors").read_bytes()
+    from finetune.output.export import _unshare
+
+    _unshare(out / "best_model")
+    assert not (out / "best_model" / "model.safetensors").exists()
+    assert not (out / "best_model" / "eval_results.json").exists()  # claims no step it lacks
+    assert (out / "model.safetensors").read_bytes() == root
+    assert (out / "model.safetensors").stat().st_nlink == 1
