@@ -296,7 +296,7 @@ def execute(run: Run) -> dict:
             raise Stopped(stop.received)
         exported = use_best_model(run)  # collective: the evaluation of the model exported below
         calibration = calibrate_model(run) if config.calibrate != "none" else {}  # collective
-        export_model(accelerator, run.model, run.tokenizer, config.output_dir)
+        export_model(accelerator, run.model, run.tokenizer, config.output_dir, config.gguf_file)
         if config.torch_compile and accelerator.is_main_process:
             print(compile_cache_line(compiled_before))  # whether this run reused earlier compiled code
         last_eval = state.last_evaluation or {}

@@ -4,6 +4,7 @@ beside it), and the upload to the Hub."""
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 from pathlib import Path
 
@@ -13,9 +14,10 @@ from finetune.output.writing import writing
 from finetune.training.checkpoint import BEST_MODEL_DIR, BEST_RECORD
 
 
-def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
+def export_model(accelerator, model, tokenizer, output_dir: str, gguf_file: str | None = None) -> None:
     """Collective: the final model as safetensors plus its tokenizer, loadable by `pipeline`. A LoRA
-    model is saved merged (no peft needed to load it), its adapter in `adapter/`."""
+    model is saved merged (no peft needed to load it), its adapter in `adapter/` (`gguf_file`: the
+    --gguf_file its base was read from, which the adapter's card tells peft to pass)."""
     # get_state_dict gathers shards under FSDP, so every rank takes part.
     state_dict = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
@@ -29,6 +31,8 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
             _unshare(Path(output_dir))
             if is_peft_model(model):
                 save_merged_and_adapter(model, state_dict, output_dir)
+                if gguf_file:
+                    write_gguf_adapter_card(Path(output_dir) / ADAPTER_DIR, gguf_file)
             else:
                 model.save_pretrained(output_dir, state_dict=state_dict)
             for how_it_was_read in ("is_local", "local_files_only"):  # would bind a pushed copy to a disk
@@ -39,6 +43,43 @@ def export_model(accelerator, model, tokenizer, output_dir: str) -> None:
             if not best:
                 share_with_best_model(run_dir)
     accelerator.wait_for_everyone()
+
+
+def write_gguf_adapter_card(adapter_dir: Path, gguf_file: str) -> None:
+    """adapter/README.md in place of peft's blank template, for a base read from a GGUF file: peft
+    loads the base named by adapter_config.json's base_model_name_or_path (the file's folder or Hub
+    repo), and transformers reads that only with the file's name, which the config has no field for:
+    AutoPeftModelForCausalLM passes its keyword arguments on to the base's from_pretrained (tested)."""
+    from finetune.output.card import base_model_name
+
+    base = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+    shown, repo = base_model_name(base, gguf_file)
+    (adapter_dir / "README.md").write_text(
+        "\n".join([
+            "---",
+            "library_name: peft",
+            "pipeline_tag: text-generation",
+            *([f"base_model: {repo}"] if repo else []),
+            "tags: [finetune, lora]",
+            "---",
+            "",
+            "# LoRA adapter",
+            "",
+            f"A LoRA adapter (peft) trained by finetune on {shown} dequantised; the model one folder up",
+            "is the same model merged, which loads without peft.",
+            "",
+            "`adapter_config.json` names the base by the GGUF file's folder (`base_model_name_or_path`);",
+            "transformers reads that folder only given the file's name, which the adapter's config has no",
+            "field for, so pass it:",
+            "",
+            "```python",
+            "from peft import AutoPeftModelForCausalLM",
+            "",
+            f'model = AutoPeftModelForCausalLM.from_pretrained("{adapter_dir}", gguf_file="{gguf_file}")',
+            "```",
+            "",
+        ])
+    )  # fmt: skip
 
 
 def _weight_files(folder: Path) -> list[Path]:
