@@ -300,7 +300,7 @@ def execute(run: Run) -> dict:
             calibration = calibrate_model(run)
         else:  # collective: as the export computes (no autocast), when training's evaluations differ
             exported = as_exported(run, exported)
-        export_model(accelerator, run.model, run.tokenizer, config.output_dir)
+        export_model(accelerator, run.model, run.tokenizer, config.output_dir, config.gguf_file)
         if config.torch_compile and accelerator.is_main_process:
             print(compile_cache_line(compiled_before))  # whether this run reused earlier compiled code
         last_eval = state.last_evaluation or {}

@@ -91,10 +91,10 @@ def write_model_card(
     """A Hugging Face model card (README.md): base model, data, flags, results, hardware, time.
     `parts`: another task family's pipeline, description and use (default: a classifier's)."""
     parts = parts or _classifier_parts(config, task)
-    is_local_base = Path(config.model_name_or_path).exists()
+    base, base_repo = base_model_name(config.model_name_or_path, config.gguf_file)
     metadata = ["library_name: transformers", f"pipeline_tag: {parts.pipeline_tag}"]
-    if not is_local_base:
-        metadata.append(f"base_model: {config.model_name_or_path}")
+    if base_repo:
+        metadata.append(f"base_model: {base_repo}")
     metadata.append(f"tags: [finetune, {parts.tag}]")
     from_hub = not config.uses_local_files and not Path(config.dataset_name).exists()
     if from_hub:
@@ -115,7 +115,7 @@ def write_model_card(
         "",
         f"# {Path(config.output_dir).name}",
         "",
-        f"`{config.model_name_or_path}` fine-tuned on {parts.trained_on} with finetune.",
+        f"{base} fine-tuned on {parts.trained_on} with finetune.",
         "",
         "## Results",
         "",
@@ -156,6 +156,22 @@ def write_model_card(
     if not config.save_plots:  # no chart was drawn: no link to one
         lines = [line for line in lines if not line.startswith("![")]
     path.write_text("\n".join(lines))
+
+
+def base_model_name(model_name_or_path: str, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(how the card names the base model, in Markdown; its Hub id for `base_model:`, or None). A card
+    is for others: a Hub id as given; a local folder by its name, not its path (which would publish
+    this disk's layout, and names no model anywhere else), or by the Hub id a Hub cache snapshot's
+    path holds (.../models--org--name/snapshots/<commit>); a GGUF file inside either, after it."""
+    local = Path(model_name_or_path).expanduser()
+    repo = model_name_or_path
+    if local.exists():
+        resolved = local.resolve()
+        cached = [p.name for p in resolved.parents if p.name.startswith("models--")]
+        in_cache = cached and resolved.parent.name == "snapshots"
+        repo = "/".join(cached[0].removeprefix("models--").split("--")) if in_cache else None
+    shown = f"`{repo}`" if repo else f"`{local.resolve().name}` (a local folder)"
+    return shown + (f", GGUF file `{gguf_file}`," if gguf_file else ""), repo
 
 
 def _classifier_parts(config: TrainConfig, task: Task) -> CardParts:

@@ -33,6 +33,10 @@ def quiet_libraries() -> None:
     warnings.filterwarnings(
         "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
     )
+    # peft, saving a LoRA adapter whose base folder holds no config.json (a GGUF file's: the adapter's card
+    # says how to load it), guesses that the vocabulary was not resized, mid progress bar. It is right:
+    # --gguf_file is causal_lm's, which refuses a tokenizer without EOS, so no pad token was added.
+    warnings.filterwarnings("ignore", message="Could not find a config file in ", category=UserWarning)
     transformers.utils.logging.disable_progress_bar()
     # ... which also silences huggingface_hub's: a first download of a model shows its progress again.
     huggingface_hub.utils.enable_progress_bars()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -79,8 +80,9 @@ def write_report(study: optuna.Study, root: Path, summary: dict, charts: bool = 
 
 
 def export_best(study: optuna.Study, root: Path) -> int | None:
-    """The best trial's exported model (weights, config, tokenizer, model card) copied to the root, each
-    file replaced atomically; the trial's number, or None without a complete trial."""
+    """The best trial's exported model (weights, config, tokenizer, model card and the charts the card
+    shows) copied to the root, each file replaced atomically; the trial's number, or None without a
+    complete trial."""
     best = best_of(study, root)
     if best is None:
         return None
@@ -90,12 +92,20 @@ def export_best(study: optuna.Study, root: Path) -> int | None:
     if card.exists() and not (card.is_file() and is_model_card(card)):  # the user's, as a run keeps it
         print(f"{card} is not a model card of finetune's: kept as it is, the best trial's card not copied")
         names.remove("README.md")
+    elif (source / "README.md").is_file():  # its links are relative: the charts go beside it
+        names += _images_linked(source / "README.md")
     for name in names:
         if (source / name).is_file():
             temporary = Path(root) / f".{name}.copying"
             shutil.copy2(source / name, temporary)
             os.replace(temporary, Path(root) / name)
     return best["number"]
+
+
+def _images_linked(card: Path) -> list[str]:
+    """The files a card's Markdown images (`![...](name)`) name in its own folder."""
+    linked = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", card.read_text(errors="replace"))
+    return [name for name in dict.fromkeys(linked) if "/" not in name and (card.parent / name).is_file()]
 
 
 def rerun_block(root: Path) -> dict | None:

@@ -20,6 +20,8 @@ from finetune.config.train_config import TrainConfig
 from finetune.distributed.accelerator import fresh_accelerate_state, leave_process_group
 from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError
+from finetune.metrics.ranges import metric_range
+from finetune.output.card import base_model_name
 from finetune.output.plots import plot_seed_curves
 from finetune.output.writing import writing
 from finetune.run import run_config
@@ -135,19 +137,28 @@ def _is_summary(path: Path) -> bool:
 
 def summarize(results: dict[int, dict], config: TrainConfig) -> dict:
     """Every evaluation metric over the seeds: n, mean, sample std, min, max, a 95% Student-t interval
-    and the per-seed values; the seeds whose folders hold the best and the median model by
-    --metric_for_best_model (the median of an even count: the lower middle one)."""
+    (cut to the metric's range) and the per-seed values; the seeds whose folders hold the best and the
+    median model by --metric_for_best_model (the median of an even count: the lower middle one). A
+    count every seed measured alike (a label's support: the same validation rows) is no figure of the
+    seeds': it goes to `fixed_counts`, once."""
     seeds = list(results)
     names = [k for k, v in results[seeds[0]].items() if _is_metric(k, v)]
-    metrics = {name: describe({s: results[s][name] for s in seeds if name in results[s]}) for name in names}
+    measured = {name: {s: results[s][name] for s in seeds if name in results[s]} for name in names}
     first = results[seeds[0]]  # every seed's run resolved the same metric and direction
     key = first.get("metric_for_best_model")
+    fixed = {
+        name: v[seeds[0]] for name, v in measured.items() if name != key and _is_fixed_count(v, len(seeds))
+    }
+    metrics = {
+        name: describe(values, metric_range(name)) for name, values in measured.items() if name not in fixed
+    }
     summary = {
         "seeds": seeds,
         "folders": {str(s): f"seed-{s}" for s in seeds},
         "metric_for_best_model": key,
         "greater_is_better": None,
         "metrics": metrics,
+        "fixed_counts": fixed,
         "best": None,
         "median": None,
     }
@@ -171,20 +182,33 @@ def _is_metric(key: str, value) -> bool:
     )
 
 
-def describe(values: dict[int, float]) -> dict:
+def _is_fixed_count(values: dict[int, float], n_seeds: int) -> bool:
+    """Whole numbers (ints: counts, not scores), the same for every seed."""
+    numbers = list(values.values())
+    return len(numbers) == n_seeds and all(type(v) is int for v in numbers) and len(set(numbers)) == 1
+
+
+def describe(values: dict[int, float], bounds: tuple[float | None, float | None] = (None, None)) -> dict:
     """n, mean, sample std (n - 1; None for one seed), min, max, the 95% confidence interval of the
-    mean (Student's t; None for one seed) and the values by seed."""
+    mean (Student's t; None for one seed) and the values by seed. `bounds`: the metric's range
+    (metrics/ranges.py), which the interval is cut to: t's symmetric interval ignores that an accuracy
+    stops at 1, and past the bound it holds no value the metric can take."""
     numbers = list(values.values())
     n, mean = len(numbers), statistics.fmean(numbers)
     std = statistics.stdev(numbers) if n > 1 else None
     half = t_975(n - 1) * std / math.sqrt(n) if n > 1 else None
+    ci95 = None
+    if half is not None:
+        low, high = bounds
+        ci95 = [mean - half if low is None else max(low, mean - half),
+                mean + half if high is None else min(high, mean + half)]  # fmt: skip
     return {
         "n": n,
         "mean": mean,
         "std": std,
         "min": min(numbers),
         "max": max(numbers),
-        "ci95": [mean - half, mean + half] if half is not None else None,
+        "ci95": ci95,
         "values": {str(seed): v for seed, v in values.items()},
     }
 
@@ -212,6 +236,17 @@ def summary_line(summary: dict) -> str:
     )
 
 
+def study_subject(config: TrainConfig) -> str:
+    """What the seeds learnt, for the card's title: a classification task's name, or the family's
+    (--task_name is classification's alone), and the training data's file or dataset."""
+    family = {"token_classification": "tagging", "causal_lm": "causal LM"}.get(config.task_type)
+    what = family or ("classification" if config.task_name == "custom" else config.task_name)
+    data = config.train_file or config.dataset_name
+    if data and Path(data).exists():
+        data = Path(data).name  # not this disk's layout
+    return f"{what} ({data})" if data else what
+
+
 def study_card(summary: dict, config: TrainConfig) -> str:
     """README.md of the seeds' folder: what was trained, each metric as mean ± std with its interval and
     per-seed values, and where the best and the median model are."""
@@ -232,14 +267,21 @@ def study_card(summary: dict, config: TrainConfig) -> str:
         if summary["best"]
         else "Nothing was evaluated, so no seed is best."
     )
+    fixed = summary.get("fixed_counts") or {}
+    base, _ = base_model_name(config.model_name_or_path, config.gguf_file)
     return "\n".join([
         STUDY_CARD_MARK,
-        f"# {Path(config.model_name_or_path).name} on {config.task_name}: {len(seeds)} seeds",
+        f"# {base.rstrip(',')} on {study_subject(config)}: {len(seeds)} seeds",
         "",
         f"The same configuration trained with seeds {', '.join(map(str, seeds))}. Report the mean and its "
         "spread: between seeds the spread is often as large as the effect of a change.",
         "",
         *rows,
+        "",
+        "95% CI: the mean's interval by Student's t over the seeds, cut to the values the metric can take "
+        "(an accuracy stops at 1).",
+        *([f"The same for every seed (counts of the validation rows, not figures of the seeds): "
+           f"{', '.join(f'{k} {v}' for k, v in fixed.items())}."] if fixed else []),
         "",
         where,
         (f"Per-seed evaluation curves: `{CURVES_FILE}`; " if config.save_plots else "")

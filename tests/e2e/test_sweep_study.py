@@ -3,6 +3,7 @@ folder holds one study and nothing else, the journal stays readable after a work
 study is joined only by the same sweep, and its rerun follows the best trial. The tiny BERT, 4 steps."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -241,3 +242,17 @@ def test_seeds_in_a_sweep_are_refused(tiny_model_dir, nli_files, tmp_path, capsy
     argv = ["--sweep_config", config, *tiny_args(tiny_model_dir, nli_files, out, "--seeds", "1,2")]
     line = refused_cleanly(argv, out, "--seeds: a sweep trains each trial once", capsys)
     assert "--rerun_best_with_seeds" in line and not out.exists()
+
+
+def test_the_root_card_finds_every_image_it_shows(tiny_model_dir, nli_files, tmp_path):
+    """The best trial's card, copied to the sweep's folder, links its charts by relative names: they are
+    copied beside it, the best trial's own."""
+    config = sweep_yaml(tmp_path, LR.format(n=1))
+    flags = [*TRIAL, "--save_plots", "true", "--task_name", "custom", "--text_columns", "premise,hypothesis"]
+    out = tmp_path / "study"
+    sweep_main(["--sweep_config", config, *tiny_args(tiny_model_dir, nli_files, out, *flags)])
+    card = (out / "README.md").read_text()
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", card)
+    assert set(linked) == {"training_curves.png", "confusion_matrix.png"}
+    for name in linked:
+        assert (out / name).read_bytes() == (out / "trial-0" / name).read_bytes(), name

@@ -111,7 +111,11 @@ def test_model_card_and_training_curves(trained, tiny_model_dir):
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers\n")
     assert f"| eval_matched_accuracy | {results['eval_matched_accuracy']:.4f} |" in card
-    assert str(tiny_model_dir) in card and "--learning_rate 0.003" in card
+    assert str(tiny_model_dir) in card and "--learning_rate 0.003" in card  # in the command alone:
+    prose = [line for line in card.splitlines() if not line.startswith("accelerate launch ")]
+    assert not [line for line in prose if str(tiny_model_dir) in line]  # not this disk's layout
+    assert f"`{tiny_model_dir.name}` (a local folder) fine-tuned on **mnli**" in card
+    assert "base_model:" not in card  # a folder's name is no Hub id
     assert "hardware: 1 × cpu" in card and "s training over the whole run" in card
     assert "![loss, learning rate and evaluation metrics](training_curves.png)" in card
     with Image.open(out / "training_curves.png") as image:
@@ -242,3 +246,22 @@ def test_model_card_command_is_what_the_user_gave(trained, tiny_model_dir, nli_f
         assert f"--{name} " not in command
     # The command reproduces the run's settings.
     assert to_dict(parse_config(argv)) == to_dict(parse_config(given))
+
+
+def test_the_card_names_a_base_model_as_others_can_find_it(tmp_path):
+    """A Hub id as given (and in base_model:); a local folder by its name; a Hub cache snapshot by the
+    repo it holds; a GGUF file after either."""
+    from finetune.output.card import base_model_name
+
+    assert base_model_name("org/model") == ("`org/model`", "org/model")
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    assert base_model_name(str(folder)) == ("`my-model` (a local folder)", None)
+    assert base_model_name(str(folder / "..")) == (f"`{tmp_path.name}` (a local folder)", None)
+    snapshot = tmp_path / "hub" / "models--HuggingFaceTB--SmolLM2-135M" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    assert base_model_name(str(snapshot)) == ("`HuggingFaceTB/SmolLM2-135M`", "HuggingFaceTB/SmolLM2-135M")
+    assert base_model_name(str(folder), "m.Q4_1.gguf") == (
+        "`my-model` (a local folder), GGUF file `m.Q4_1.gguf`,",
+        None,
+    )

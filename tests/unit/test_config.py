@@ -398,3 +398,20 @@ def test_seeds_are_distinct_whole_numbers_and_the_interval_uses_students_t():
     assert t_975(2) == 4.303 and abs(t_975(31) - 2.0395) < 1e-3 and abs(t_975(100) - 1.9840) < 1e-3
     one = describe({7: 0.5})
     assert (one["n"], one["std"], one["ci95"]) == (1, None, None)
+
+
+def test_a_seeds_interval_is_cut_to_its_metrics_range():
+    """Three F1s near 1: Student's interval passes 1, where no F1 is; cut there, its lower end kept. A
+    loss has no upper bound; a label named like a metric does not change which metric a key is."""
+    from finetune.metrics.ranges import metric_range
+    from finetune.studies.seeds import describe, t_975
+
+    f1 = describe({1: 1.0, 2: 0.96, 3: 1.0}, metric_range("eval_f1_PER"))
+    half = t_975(2) * f1["std"] / 3**0.5
+    assert f1["mean"] + half > 1 and f1["ci95"] == [f1["mean"] - half, 1.0]
+    low = describe({1: 0.0, 2: 0.05, 3: 0.0}, metric_range("eval_matched_accuracy"))
+    assert low["ci95"][0] == 0.0 and low["ci95"][1] > 0.05
+    loss = describe({1: 0.1, 2: 0.5, 3: 0.9}, metric_range("eval_test_loss"))
+    assert loss["ci95"] == [0.0, 0.5 + t_975(2) * 0.4 / 3**0.5]
+    assert metric_range("eval_f1_loss") == (0.0, 1.0) and metric_range("eval_matthews_correlation") == (-1, 1)
+    assert metric_range("eval_words") == (None, None)
