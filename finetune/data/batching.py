@@ -27,9 +27,10 @@ class LengthGroupedSampler(Sampler[int]):
     so little of a batch is padding, and those batches are shuffled again: left sorted (HF Trainer's
     group_by_length) the steps run from long pairs to short ones in a sawtooth, which cost MiniLM
     MNLI accuracy in 1-epoch runs (docs/design.md has the table). The order is a
-    pure function of (seed, epoch): Accelerate shards it by whole batches (`global_batch_size` is the
-    per-device batch times the processes, so one step's ranks get similar lengths), and a resumed run
-    that sets the same epoch and skips the finished batches sees exactly the same data.
+    pure function of (seed, epoch): `RankBatches` cuts each global batch of it into the ranks'
+    micro-batches (`global_batch_size` is the per-device batch times the processes, so one step's ranks
+    get similar lengths), and a resumed run that sets the same epoch and skips the finished batches sees
+    exactly the same data.
     """
 
     def __init__(
