@@ -135,8 +135,7 @@ def reference_weights(
 ) -> dict:
     """A plain PyTorch loop: one AdamW step per window on the mean loss over that window's pairs.
 
-    A window lists positions in the epoch's sample order (a position may repeat, as when
-    Accelerate pads the last batches of a rank with rows from the start).
+    A window lists positions in the epoch's sample order.
 
     Same rows, order and padding as the toolkit (its data pieces are reused), but none of its loop;
     the order depends on the toolkit run's `global_batch_size` (per-device batch x processes).

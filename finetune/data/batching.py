@@ -1,5 +1,5 @@
-"""Batches: the length-grouped sampler, the padding and padding-free (varlen) collators,
---pad_to_multiple_of, the dataloaders."""
+"""Batches: the length-grouped sampler, its cut into each process's micro-batches, the padding and
+padding-free (varlen) collators, --pad_to_multiple_of, the dataloaders."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import Dataset as TorchDataset
 
 from finetune.config.resolved import eval_batch_size
 from finetune.config.train_config import TrainConfig
@@ -15,6 +16,8 @@ MODEL_INPUTS = (
     "input_ids", "token_type_ids", "attention_mask", "labels", "row", "doc", "weight", "document_lengths",
     "word_index",
 )  # fmt: skip
+PLACEHOLDER = "placeholder"
+"""The key (a Python bool, True) of a micro-batch whose rows weigh nothing (`RankBatches`)."""
 
 
 class LengthGroupedSampler(Sampler[int]):
@@ -24,9 +27,10 @@ class LengthGroupedSampler(Sampler[int]):
     so little of a batch is padding, and those batches are shuffled again: left sorted (HF Trainer's
     group_by_length) the steps run from long pairs to short ones in a sawtooth, which cost MiniLM
     MNLI accuracy in 1-epoch runs (docs/design.md has the table). The order is a
-    pure function of (seed, epoch): Accelerate shards it by whole batches (`global_batch_size` is the
-    per-device batch times the processes, so one step's ranks get similar lengths), and a resumed run
-    that sets the same epoch and skips the finished batches sees exactly the same data.
+    pure function of (seed, epoch): `RankBatches` cuts each global batch of it into the ranks'
+    micro-batches (`global_batch_size` is the per-device batch times the processes, so one step's ranks
+    get similar lengths), and a resumed run that sets the same epoch and skips the finished batches sees
+    exactly the same data.
     """
 
     def __init__(
@@ -65,6 +69,80 @@ class LengthGroupedSampler(Sampler[int]):
         whole = len(order) // size
         shuffled = [batches[i] for i in torch.randperm(whole, generator=generator).tolist()]
         return iter([i for batch in shuffled + batches[whole:] for i in batch])
+
+
+class RankBatches(Sampler[list[int]]):
+    """The training loader's batches: each global batch of `sampler`'s order (per-device batch x
+    processes rows) cut into one micro-batch per process, in rank order, which Accelerate hands out
+    round-robin (rank r gets the r-th of every `world_size`; no `batch_size` attribute: it pads nothing).
+
+    Each row is trained once an epoch on any number of processes (Accelerate's own sharding repeats
+    rows from the start to fill the last batches), and every process gets ceil(rows / global batch)
+    micro-batches (training/steps.py), so every rank meets each gradient all-reduce. A full global
+    batch gives rank r the same rows as Accelerate's sharding (the r-th `batch_size`); the epoch's
+    short last one is cut as evenly as its rows allow, and a rank it leaves without a row gets a
+    placeholder: `~i` for row i (the shortest: the cheapest to run), which `TrainRows` reads as that row
+    weighing nothing (the loop runs it with a loss of zero: its gradients are zeros, all-reduced).
+    """
+
+    def __init__(self, sampler: LengthGroupedSampler, batch_size: int, world_size: int):
+        self.sampler = sampler
+        """Set_epoch reaches it here (Accelerate's DataLoaderShard looks for `batch_sampler.sampler`)."""
+        self.per_device = batch_size
+        self.world_size = world_size
+        lengths = sampler.lengths
+        self.shortest = min(range(len(lengths)), key=lengths.__getitem__) if lengths else 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        global_batch = self.per_device * self.world_size
+        return -(-len(self.sampler) // global_batch) * self.world_size
+
+    def __iter__(self):
+        order, size = list(self.sampler), self.per_device * self.world_size
+        for start in range(0, len(order), size):
+            rows = order[start : start + size]
+            # A full global batch: `per_device` rows each; a short one: the first `more` ranks one more.
+            each, more = divmod(len(rows), self.world_size)
+            end = 0
+            for r in range(self.world_size):
+                share, end = rows[end : end + each + (r < more)], end + each + (r < more)
+                yield share or [~self.shortest]
+
+
+class TrainRows(TorchDataset):
+    """The training rows as their loader reads them: row i at i, and at ~i (negative: a `RankBatches`
+    placeholder) row i marked as weighing nothing, which `MarkPlaceholders` puts on its batch."""
+
+    def __init__(self, rows: Dataset):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, key):  # a column by name too, as the Dataset's
+        return self.rows[key]
+
+    def __getitems__(self, keys: list[int]) -> list[dict]:
+        if keys[0] >= 0:
+            return self.rows.__getitems__(keys)
+        return [{**row, PLACEHOLDER: True} for row in self.rows.__getitems__([~key for key in keys])]
+
+
+class MarkPlaceholders:
+    """A family's collator; a placeholder's batch (`TrainRows`) gets `PLACEHOLDER: True`, a Python bool:
+    the loop reads it without waiting for the device, and a real batch has no such key."""
+
+    def __init__(self, collator):
+        self.collator = collator
+
+    def __call__(self, features: list[dict]) -> dict:
+        if not features[0].get(PLACEHOLDER):
+            return self.collator(features)
+        rows = [{k: v for k, v in feature.items() if k != PLACEHOLDER} for feature in features]
+        return {**self.collator(rows), PLACEHOLDER: True}
 
 
 class PadCollator:
@@ -207,12 +285,11 @@ def build_dataloaders(
                 group_by_length=config.group_by_length,
             )
             loaders[name] = DataLoader(
-                inputs,
-                batch_size=config.per_device_train_batch_size,
-                sampler=sampler,
+                TrainRows(inputs),
+                batch_sampler=RankBatches(sampler, config.per_device_train_batch_size, world_size),
                 # Its own generator: starting an epoch draws nothing from the global RNG dropout uses.
                 generator=torch.Generator().manual_seed(config.seed),
-                **common,
+                **{**common, "collate_fn": MarkPlaceholders(collator)},
             )
             continue
         # Length-sorted evaluation pads almost nothing; metrics do not depend on the order, and

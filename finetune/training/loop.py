@@ -13,6 +13,7 @@ from accelerate import skip_first_batches
 from tqdm.auto import tqdm
 
 from finetune.config.train_config import TrainConfig
+from finetune.data.batching import PLACEHOLDER
 from finetune.distributed.signals import StopSignals
 from finetune.errors import TrainingFailed, TrainingInterrupted
 from finetune.output.tracking import MetricsLog
@@ -120,7 +121,8 @@ def train(run: Run, stop: StopSignals):
                 if units is not None:  # on the device: target tokens, or the rows' loss weights
                     window_units = units if window_units is None else window_units + units
                 state.micro_batches_in_epoch += 1
-                meter.add(summed, batch["attention_mask"], rows, units)
+                if rows:  # a placeholder's (0) adds nothing: the log counts real rows and tokens
+                    meter.add(summed, batch["attention_mask"], rows, units)
                 if not accelerator.sync_gradients:  # the same on every rank: the window goes on
                     continue
                 # Collective; on the device.
@@ -183,9 +185,21 @@ def after_update(run: Run, evaluate, stop: StopSignals, progress) -> bool:
 def _forward_backward(run: Run, batch: dict):
     """One micro-batch: (its summed loss, its units, its rows), its gradients accumulated: the family's
     step, replayed as a CUDA graph (--cuda_graphs) or eager. Collective under DDP: backward all-reduces
-    on the window's last micro-batch."""
+    on the window's last micro-batch.
+
+    A placeholder (data/batching.py RankBatches: this rank has no row left in the epoch's last global
+    batch) runs its row with a loss divided by inf, so its gradients are zeros (backward is linear in
+    the loss's gradient) and it meets the other ranks' all-reduce; it counts 0 rows and 0 units."""
     divisor = run.config.per_device_train_batch_size
-    return run.family.forward_backward(run.model, run.accelerator, run.task, batch, divisor, run.graphs)
+    placeholder = batch.pop(PLACEHOLDER, False)
+    if placeholder:
+        divisor = math.inf  # never with --cuda_graphs: they run on one process, which has no placeholder
+    summed, units, rows = run.family.forward_backward(
+        run.model, run.accelerator, run.task, batch, divisor, run.graphs
+    )
+    if placeholder:
+        return torch.zeros_like(summed), None if units is None else torch.zeros_like(units), 0
+    return summed, units, rows
 
 
 def _optimizer_step(run: Run, window_samples: int, full_window: int, window_units=None) -> torch.Tensor:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class StepPlan:
     micro_batches_per_epoch: int
-    """Micro-batches each process sees per epoch (every process sees the same number)."""
+    """Micro-batches each process sees per epoch (every process sees the same number; each row is in
+    one of them)."""
     updates_per_epoch: int
     """Optimizer steps per epoch; the last accumulation window of an epoch may be partial."""
     total_updates: int
@@ -36,8 +37,8 @@ def plan_steps(
     updates, HF Trainer 5's form). Fractional epochs (0.5, 1.5)
     are HF Trainer's too: ceil(updates_per_epoch * epochs) updates, over ceil(epochs) epochs of which
     the last stops part-way, as with max_train_steps."""
-    # Accelerate shards whole batches round-robin and, with even_batches, gives every process
-    # ceil(batches / world_size) of them; ceil(ceil(n/b)/w) == ceil(n/(b*w)).
+    # Every process gets one micro-batch of each global batch of b*w rows (data/batching.py
+    # RankBatches: the last one cut as evenly as its rows allow, a placeholder where none is left).
     micro = math.ceil(num_train_samples / (per_device_batch_size * world_size))
     # accelerator.accumulate also steps at the end of the dataloader, so a partial window counts.
     updates_per_epoch = math.ceil(micro / gradient_accumulation_steps)

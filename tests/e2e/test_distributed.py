@@ -11,11 +11,9 @@ import shutil
 
 import pytest
 import torch
-from accelerate.data_loader import BatchSamplerShard
-from torch.utils.data import BatchSampler
 from transformers import pipeline
 
-from finetune.mnli import cli
+from finetune.mnli import cli, main
 from tests.helpers import (
     N_VALIDATION,
     PYTHON,
@@ -26,6 +24,7 @@ from tests.helpers import (
     run_cli,
     tiny_args,
     weights,
+    with_flag,
     without_dropout,
 )
 from tests.warm_ranks import run_ranks
@@ -124,26 +123,56 @@ def test_accumulation_all_reduces_once_per_optimizer_step(tiny_model_dir, nli_fi
 
 
 def test_partial_last_window_over_two_ranks_matches_one_big_batch(tiny_model_dir, nli_files, tmp_path):
-    """10 pairs, 2 ranks x batch 2 x accumulation 2: the second update holds one micro-batch per rank.
-
-    Accelerate shards whole batches round-robin and pads rank 1 with rows from the start, so the
-    windows are taken from its own BatchSamplerShard; the reference averages each window's pairs.
-    """
+    """10 pairs, 2 ranks x batch 2 x accumulation 2: the second update holds one micro-batch per rank, of
+    one pair each (the last global batch's 2 pairs, cut evenly), and each pair is trained once; the
+    reference averages each window's pairs."""
     model_dir = without_dropout(tiny_model_dir, tmp_path / "model")
     out = tmp_path / "out"
     flags = ["--max_train_samples", "10", "--per_device_train_batch_size", "2",
              "--gradient_accumulation_steps", "2", "--learning_rate", "1e-2",
              "--lr_scheduler_type", "constant", "--warmup_ratio", "0", "--max_grad_norm", "0"]  # fmt: skip
     two_process(tiny_args(model_dir, nli_files, out, *flags))
-    batches = BatchSampler(range(10), batch_size=2, drop_last=False)
-    shards = [
-        list(BatchSamplerShard(batches, num_processes=2, process_index=r, even_batches=True)) for r in (0, 1)
-    ]
-    assert [len(s) for s in shards] == [3, 3]
-    windows = [[i for shard in shards for batch in shard[w : w + 2] for i in batch] for w in (0, 2)]
-    assert [len(w) for w in windows] == [8, 4]
-    assert results_of(out)["global_step"] == 2
+    results = results_of(out)
+    assert (results["world_size"], results["global_step"], results["train_samples"]) == (2, 2, 10)
+    windows = [list(range(8)), [8, 9]]
     assert_same_weights(weights(out), reference_weights(model_dir, nli_files, windows, 1e-2, 4))
+
+
+@pytest.mark.parametrize(
+    ("rows", "batch", "accumulation", "windows"),
+    [
+        (13, 4, 1, [range(8), range(8, 13)]),  # the last global batch's 5 rows cut 3 and 2
+        (9, 2, 2, [range(8), [8]]),  # its 1 row: rank 1 runs a placeholder, weighing nothing
+    ],
+)
+def test_rows_dividing_neither_batch_nor_ranks_are_each_trained_once(
+    tiny_model_dir, nli_files, tmp_path, rows, batch, accumulation, windows
+):
+    """2 processes against 1 with the same global batch: the same loss every update, train_samples the
+    row count, the weights of plain PyTorch's update per window of each row once, and each of the 151
+    validation rows evaluated once."""
+    model_dir = without_dropout(tiny_model_dir, tmp_path / "model")
+    flags = ["--max_train_samples", str(rows), "--gradient_accumulation_steps", str(accumulation),
+             "--learning_rate", "1e-2", "--lr_scheduler_type", "constant", "--warmup_ratio", "0",
+             "--max_grad_norm", "0", "--logging_steps", "1"]  # fmt: skip
+    one, two = tmp_path / "one", tmp_path / "two"
+    main(
+        with_flag(
+            tiny_args(model_dir, nli_files, one, *flags), "--per_device_train_batch_size", str(2 * batch)
+        )
+    )
+    two_process(
+        with_flag(tiny_args(model_dir, nli_files, two, *flags), "--per_device_train_batch_size", str(batch))
+    )
+    results = [results_of(out) for out in (one, two)]
+    assert [r["world_size"] for r in results] == [1, 2]
+    assert [r["train_samples"] for r in results] == [rows, rows]
+    assert [r["global_step"] for r in results] == [2, 2]
+    assert losses(two) == pytest.approx(losses(one), rel=1e-5)
+    assert [r["eval_matched_samples"] for r in results] == [N_VALIDATION] * 2
+    assert results[1]["eval_matched_loss"] == pytest.approx(results[0]["eval_matched_loss"], rel=1e-5)
+    reference = reference_weights(model_dir, nli_files, [list(w) for w in windows], 1e-2, 2 * batch)
+    assert_same_weights(weights(two), reference)
 
 
 def test_compressed_gradients_over_two_ranks(documented_run, tiny_model_dir, nli_files, tmp_path, capsys):

@@ -83,8 +83,8 @@ def test_two_hosts_from_the_flags_alone_with_batch_16_match_one_process_with_bat
     file, one process per host: one world of two, whose updates are one process's with the same global
     batch (the same rows per step, the same loss curve).
 
-    576 rows divide by 32: with a remainder, Accelerate (like DistributedSampler) pads the last batch of
-    rank 1 with rows from the start, so that one window would hold other rows."""
+    576 rows divide by 32; a remainder is cut over the ranks too, each row trained once
+    (tests/e2e/test_uneven_ranks.py)."""
     model_dir = without_dropout(tiny_model_dir, tmp_path / "model")
     one, two = tmp_path / "one", tmp_path / "two"
     rows = ["--max_train_samples", "576"]

@@ -174,24 +174,54 @@ def test_sampler_shuffles_the_batches_not_a_long_to_short_sawtooth():
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3])
-def test_sampler_shards_cover_every_index_once_per_world_size(world_size):
-    """Through Accelerate's own sharding: each rank a share, together every index, none twice
-    (beyond the rows Accelerate repeats to even out the last batches)."""
+@pytest.mark.parametrize("rows", [1000, 13, 9, 2, 1])
+def test_each_row_once_an_epoch_in_as_many_micro_batches_on_every_rank(world_size, rows):
+    """Through Accelerate's own sharding, as `prepare` shards the train loader: every row once, on any
+    world size and row count; every rank the plan's micro-batches; a full global batch's rows where
+    Accelerate's sharding of whole batches put them; a rank the last one leaves empty a placeholder."""
     from accelerate.data_loader import BatchSamplerShard
     from torch.utils.data import BatchSampler
 
-    batch = 16
-    sampler = LengthGroupedSampler(LENGTHS, batch * world_size, seed=3)
+    from finetune.data.batching import RankBatches
+    from finetune.training.steps import plan_steps
+
+    batch, lengths = 4, LENGTHS[:rows]
+    sampler = LengthGroupedSampler(lengths, batch * world_size, seed=3)
+    batches = RankBatches(sampler, batch, world_size)
+    micro = plan_steps(rows, batch, 1, world_size, 1).micro_batches_per_epoch
     for epoch in (0, 1):
-        sampler.set_epoch(epoch)
-        shards = [
-            [i for b in BatchSamplerShard(BatchSampler(sampler, batch, False), world_size, rank) for i in b]
-            for rank in range(world_size)
-        ]
-        seen = [i for shard in shards for i in shard]
-        assert set(seen) == set(range(len(LENGTHS)))
-        assert len(seen) - len(LENGTHS) < world_size * batch  # only the evening-out repeats
-        assert len({len(s) for s in shards}) == 1
+        batches.set_epoch(epoch)
+        shards = [list(BatchSamplerShard(batches, world_size, rank)) for rank in range(world_size)]
+        assert [len(shard) for shard in shards] == [micro] * world_size
+        seen = [i for shard in shards for b in shard for i in b if i >= 0]
+        assert sorted(seen) == list(range(rows))  # none repeated, none missing
+        placeholders = [b for shard in shards for b in shard if b[0] < 0]
+        last = rows % (batch * world_size)  # the short last global batch's rows (0: none is short)
+        assert len(placeholders) == (world_size - last if 0 < last < world_size else 0)
+        shortest = min(range(rows), key=lengths.__getitem__)
+        assert all(shard[-1] == [~shortest] for shard in shards if shard[-1][0] < 0)  # only ever last
+        whole = rows // (batch * world_size)
+        accelerate = [list(BatchSamplerShard(BatchSampler(sampler, batch, False), world_size, rank))
+                      for rank in range(world_size)]  # fmt: skip
+        assert [shard[:whole] for shard in shards] == [shard[:whole] for shard in accelerate]
+
+
+def test_a_placeholder_batch_is_marked_and_real_ones_are_not(tmp_path, tiny_model_dir):
+    """9 rows, 2 ranks x 4: the last global batch's one row goes to rank 0, rank 1 gets the shortest
+    row marked as a placeholder (a Python bool), collated as any batch."""
+    from finetune.data.batching import PLACEHOLDER
+
+    write(tmp_path / "train.jsonl", ROWS * 2 + ROWS[:1])
+    train = str(tmp_path / "train.jsonl")
+    config = TrainConfig(train_file=train, validation_file=train, per_device_train_batch_size=4)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenized = tokenize_splits(*load_splits(config), tokenizer, 64, Accelerator(cpu=True))
+    loader = build_dataloaders(tokenized, tokenizer, config, world_size=2, on_gpu=False)["train"]
+    batches = list(loader)  # unsharded: rank 0's and rank 1's micro-batches in turn
+    assert [len(b["labels"]) for b in batches] == [4, 4, 1, 1]
+    assert [b.get(PLACEHOLDER) for b in batches] == [None, None, None, True]
+    shortest = min(tokenized["train"]["length"])
+    assert int(batches[-1]["attention_mask"].sum()) == shortest
 
 
 @pytest.mark.parametrize(
@@ -226,7 +256,7 @@ def test_loaders_sort_by_plain_lengths(tmp_path, tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenized = tokenize_splits(*load_splits(config), tokenizer, 64, Accelerator(cpu=True))
     loaders = build_dataloaders(tokenized, tokenizer, config, world_size=1, on_gpu=False)
-    assert type(loaders["train"].sampler.lengths) is list
+    assert type(loaders["train"].batch_sampler.sampler.lengths) is list
     evaluation = next(loader for name, loader in loaders.items() if name != "train")
     lengths = [int(b["attention_mask"].sum(-1).max()) for b in evaluation]
     assert lengths == sorted(lengths)
