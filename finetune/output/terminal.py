@@ -39,7 +39,8 @@ def quiet_libraries() -> None:
 
 
 def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:
-    """One line, printed once by the main process: what this job really got, every speed path named."""
+    """One line, printed once by the main process: what this job really got, every speed path named;
+    a resumed run's checkpoint and step on a line of its own after it."""
     cpu = f"cpu_class={cpu_class()} " if accelerator.device.type == "cpu" else ""
     job = (
         f"world_size={accelerator.num_processes} device={accelerator.device} {cpu}"
@@ -63,7 +64,7 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
         f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
     )
-    return line + (f" resuming from {resume} at step {global_step}" if resume else "")
+    return line + (f"\nresuming from {resume} at step {global_step}" if resume else "")  # a line of its own
 
 
 def results_summary(results: dict, task: Task) -> str:
