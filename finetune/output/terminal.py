@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import warnings
 
+import torch
+
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task, eval_key
-from finetune.speed.hardware import cpu_class
+from finetune.speed.hardware import busy_cores_notice, cores_load, cpu_class
 
 
 def quiet_libraries() -> None:
@@ -40,19 +42,22 @@ def quiet_libraries() -> None:
 
 def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:
     """One line, printed once by the main process: what this job really got, every speed path named;
-    a resumed run's checkpoint and step on a line of its own after it."""
-    cpu = f"cpu_class={cpu_class()} " if accelerator.device.type == "cpu" else ""
+    then, each on a line of its own, a resumed run's checkpoint and step, and a notice where other jobs
+    keep this process's cores busy."""
+    # torch's intra-op threads: on cores other jobs share, the thread count decides the speed.
+    cpu = (
+        f"cpu_class={cpu_class()} torch_threads={torch.get_num_threads()} "
+        if accelerator.device.type == "cpu"
+        else ""
+    )
     job = (
         f"world_size={accelerator.num_processes} device={accelerator.device} {cpu}"
         f"mixed_precision={accelerator.mixed_precision} "
     )
     weights = f"torch_dtype={config.torch_dtype} attn_implementation={config.attn_implementation}"
+    busy = busy_cores_notice(*cores_load(), torch.get_num_threads()) if cpu else None
     if not config.do_train:
-        return job + (
-            f"evaluation only: per_device_eval_batch={config.per_device_eval_batch_size} "
-            f"padding_free={config.padding_free} pad_to_multiple_of={config.pad_to_multiple_of} "
-            f"torch_compile={str(config.torch_compile).lower()} {weights}"
-        )
+        return "\n".join(filter(None, [_evaluation_line(job, config, weights), busy]))
     line = job + (
         f"per_device_batch={config.per_device_train_batch_size} global_batch={plan.global_batch_size} "
         f"steps={plan.total_updates} "
@@ -64,7 +69,16 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
         f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
     )
-    return line + (f"\nresuming from {resume} at step {global_step}" if resume else "")  # a line of its own
+    resumed = f"resuming from {resume} at step {global_step}" if resume else None  # a line of its own
+    return "\n".join(filter(None, [line, resumed, busy]))
+
+
+def _evaluation_line(job: str, config: TrainConfig, weights: str) -> str:
+    return job + (
+        f"evaluation only: per_device_eval_batch={config.per_device_eval_batch_size} "
+        f"padding_free={config.padding_free} pad_to_multiple_of={config.pad_to_multiple_of} "
+        f"torch_compile={str(config.torch_compile).lower()} {weights}"
+    )
 
 
 def results_summary(results: dict, task: Task) -> str:

@@ -13,6 +13,7 @@ import threading
 
 import datasets.config
 import pytest
+import torch
 from huggingface_hub import constants
 
 import finetune.hub
@@ -209,6 +210,8 @@ def test_the_terminal_shows_the_start_a_progress_bar_and_a_short_summary(
     summary = next(line for line in out if line.startswith("results: "))
     assert f"eval_matched_accuracy {results['eval_matched_accuracy']:.4f}" in summary
     assert any(line.startswith("exported the model of step 2") for line in out)
+    start = next(line for line in out if line.startswith("world_size=1"))
+    assert f" torch_threads={torch.get_num_threads()} " in start  # what decides speed on shared cores
 
 
 def default_trackers(tiny_model_dir, nli_files, out) -> dict:
