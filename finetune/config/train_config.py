@@ -20,7 +20,7 @@ from typing import Literal
 
 from finetune.config.data_args import DATA_EXTENSIONS, GLUE_DATASET, DataArgs
 from finetune.config.model_args import ModelArgs
-from finetune.config.output_args import OutputArgs
+from finetune.config.output_args import DEFAULT_LOGGING_STEPS, OutputArgs
 from finetune.config.system_args import SystemArgs
 from finetune.config.training_args import EvaluationArgs, OptimizationArgs
 from finetune.errors import ConfigError
@@ -81,7 +81,9 @@ def check_across_groups(config: TrainConfig) -> None:
             flag="--gguf_file",
         )
     if config.eval_strategy == "steps" and config.eval_steps is None:
-        default(config, "eval_steps", config.logging_steps)  # as Hugging Face Trainer does
+        # --logging_steps, as Hugging Face Trainer does; unset: its fixed default, not the run's resolved
+        # one, which would evaluate a short run at every step
+        default(config, "eval_steps", config.logging_steps or DEFAULT_LOGGING_STEPS)
     if config.early_stopping_patience is not None and not config.evaluates_training:
         raise ConfigError(
             "--early_stopping_patience counts evaluations during training; set --eval_strategy steps "

@@ -17,8 +17,10 @@ import torch
 from huggingface_hub import constants
 
 import finetune.hub
+from finetune.config.output_args import resolve_logging_steps
+from finetune.config.parser import parse_config
 from finetune.mnli import cli, main
-from tests.helpers import reset_accelerate, run_cli, tiny_args
+from tests.helpers import read_jsonl, reset_accelerate, run_cli, tiny_args
 
 HUB_ID = "tiny-org/tiny-bert"
 BIN = os.path.dirname(sys.executable)
@@ -261,3 +263,29 @@ def test_accelerate_launch_asked_for_two_processes_that_starts_one_refuses_to_tr
         "accelerate_configs/cpu_multiprocess.yaml (several machines: multi_node*.yaml)"
     ], done.stderr[-2000:]
     assert not out.exists()  # nothing trained, nothing written
+
+
+def test_logging_steps_default_to_about_twenty_points_per_run(tiny_model_dir, nli_files, tmp_path):
+    """A 20-step run's training curves get a loss point per step, not one (the old fixed 50); a given
+    --logging_steps stays as given; the resolved value is recorded beside the flag's."""
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--max_train_steps", "20")
+    del args[args.index("--logging_steps") : args.index("--logging_steps") + 2]  # the default
+    main(args)
+    reset_accelerate()
+    logged = [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl") if "loss" in r]
+    assert logged == list(range(1, 21))
+    record = json.loads((tmp_path / "out" / "train_config.json").read_text())
+    recorded = (record["args"], record["resolved"], record)  # the flag, its resolution, the run's config
+    assert [r["logging_steps"] for r in recorded] == [None, 1, 1]
+    main(tiny_args(tiny_model_dir, nli_files, tmp_path / "given", "--max_train_steps", "20"))  # 5 given
+    reset_accelerate()
+    logged = [r["step"] for r in read_jsonl(tmp_path / "given" / "metrics.jsonl") if "loss" in r]
+    assert logged == [5, 10, 15, 20]
+
+
+def test_a_long_run_logs_every_fifty_steps_and_eval_steps_keeps_its_default():
+    assert [resolve_logging_steps(None, n) for n in (0, 20, 39, 40, 400, 999, 1000, 10**5)] == [
+        1, 1, 1, 2, 20, 49, 50, 50,
+    ]  # fmt: skip
+    assert resolve_logging_steps(7, 10**5) == 7
+    assert parse_config(["--eval_strategy", "steps"]).eval_steps == 50  # as before, whatever the run's length
