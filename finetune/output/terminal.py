@@ -69,6 +69,10 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
         f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
     )
+    if config.eval_strategy == "no":  # what the exported model is, when nothing judges it
+        unjudged = config.uses_local_files and not (config.validation_file or config.carves_validation)
+        why = "no validation rows given, so " if unjudged else ""
+        line += f" eval_strategy=no ({why}nothing is evaluated; the last step's model is exported)"
     resumed = f"resuming from {resume} at step {global_step}" if resume else None  # a line of its own
     return "\n".join(filter(None, [line, resumed, busy]))
 

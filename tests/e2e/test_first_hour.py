@@ -20,7 +20,7 @@ import finetune.hub
 from finetune.config.output_args import resolve_logging_steps
 from finetune.config.parser import parse_config
 from finetune.mnli import cli, main
-from tests.helpers import read_jsonl, reset_accelerate, run_cli, tiny_args
+from tests.helpers import read_jsonl, reset_accelerate, run_cli, tiny_args, with_flag
 
 HUB_ID = "tiny-org/tiny-bert"
 BIN = os.path.dirname(sys.executable)
@@ -289,3 +289,39 @@ def test_a_long_run_logs_every_fifty_steps_and_eval_steps_keeps_its_default():
     ]  # fmt: skip
     assert resolve_logging_steps(7, 10**5) == 7
     assert parse_config(["--eval_strategy", "steps"]).eval_steps == 50  # as before, whatever the run's length
+
+
+def test_local_files_train_without_a_validation_file(tiny_model_dir, nli_files, tmp_path, capsys):
+    """As TRL and HF Trainer: no --validation_file, no evaluation; the start line says so and the exported
+    model is the last step's."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "3")
+    del args[args.index("--validation_file") : args.index("--validation_file") + 2]
+    capsys.readouterr()
+    results = main(args)
+    reset_accelerate()
+    stdout = capsys.readouterr().out
+    start = next(line for line in stdout.splitlines() if line.startswith("world_size=1"))
+    said = "no validation rows given, so nothing is evaluated; the last step's model is exported"
+    assert start.endswith(f" eval_strategy=no ({said})")
+    assert (results["global_step"], results["exported_model_step"], results["best_metric"]) == (3, 3, None)
+    assert [k for k in results if k.startswith("eval_")] == ["eval_runtime_s"]  # no metric: nothing judged
+    assert "exported the model of step 3;" in stdout
+    record = json.loads((out / "train_config.json").read_text())
+    assert record["eval_strategy"] == record["args"]["eval_strategy"] == "no"
+    assert (out / "model.safetensors").is_file() and not (out / "best_model").exists()
+
+
+def test_a_mistyped_train_file_is_named_before_what_the_flags_lack(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--eval_strategy", "steps")
+    del args[args.index("--validation_file") : args.index("--validation_file") + 2]
+    assert error_line(with_flag(args, "--train_file", "trian.jsonl"), capsys) == (
+        "error: --train_file trian.jsonl does not exist; check the path"
+    )
+    assert error_line(args, capsys) == (  # the path right: what --eval_strategy steps needs
+        "error: --eval_strategy steps evaluates on validation rows and this run has none; give "
+        "--validation_file or --validation_split_percentage, or drop --eval_strategy to train without "
+        "evaluating"
+    )

@@ -207,3 +207,14 @@ def test_sft_learns_and_the_exported_model_chats_through_pipeline(chat, tmp_path
     assert answer[0]["generated_text"][-1]["role"] == "assistant"
     card = (out / "README.md").read_text()
     assert "pipeline_tag: text-generation" in card and 'chat = pipeline("text-generation"' in card
+
+
+def test_sft_trains_without_a_validation_file(chat, tmp_path):
+    """As TRL's SFTTrainer: no validation rows, no evaluation; the last step's model is exported."""
+    out = tmp_path / "out"
+    args = sft_args(chat, out, "--max_train_steps", "2")
+    del args[args.index("--validation_file") : args.index("--validation_file") + 2]
+    results = main(args)
+    reset_accelerate()
+    assert (results["global_step"], results["exported_model_step"], results["best_metric"]) == (2, 2, None)
+    assert "eval_loss" not in results and (out / "model.safetensors").is_file()
