@@ -93,6 +93,7 @@ def results_summary(results: dict, task: Task) -> str:
     shown = [f"{k} {results[k]:.4f}" for k in dict.fromkeys(keys) if isinstance(results.get(k), float)]
     rows = [results[k] for k in (eval_key(s, "samples") for s in splits) if k in results]
     lines = [f"results: {', '.join(shown)}" + (f" on {' + '.join(map(str, rows))} rows" if rows else "")]
+    lines = lines if shown else []  # nothing evaluated (no validation rows): no empty results line
     if "global_step" in results:
         best = results.get("metric_for_best_model")
         exported = results.get("exported_model_step", results["global_step"])
@@ -101,4 +102,4 @@ def results_summary(results: dict, task: Task) -> str:
             f"exported the model of step {exported}{which}; {results['global_step']} steps in "
             f"{results['train_runtime_s']:.1f} s, {results['train_samples_per_second']:.1f} samples/s"
         )
-    return "\n".join(lines) if shown or len(lines) > 1 else ""
+    return "\n".join(lines)

@@ -308,7 +308,7 @@ def test_local_files_train_without_a_validation_file(tiny_model_dir, nli_files, 
     assert start.endswith(f" eval_strategy=no ({said})")
     assert (results["global_step"], results["exported_model_step"], results["best_metric"]) == (3, 3, None)
     assert [k for k in results if k.startswith("eval_")] == ["eval_runtime_s"]  # no metric: nothing judged
-    assert "exported the model of step 3;" in stdout
+    assert "exported the model of step 3;" in stdout and "results:" not in stdout  # no empty metrics line
     record = json.loads((out / "train_config.json").read_text())
     assert record["eval_strategy"] == record["args"]["eval_strategy"] == "no"
     assert (out / "model.safetensors").is_file() and not (out / "best_model").exists()
