@@ -312,6 +312,8 @@ def test_local_files_train_without_a_validation_file(tiny_model_dir, nli_files, 
     record = json.loads((out / "train_config.json").read_text())
     assert record["eval_strategy"] == record["args"]["eval_strategy"] == "no"
     assert (out / "model.safetensors").is_file() and not (out / "best_model").exists()
+    card = (out / "README.md").read_text()
+    assert "## Results\n\nNot evaluated: the run had no validation rows" in card and "| metric |" not in card
 
 
 def test_a_mistyped_train_file_is_named_before_what_the_flags_lack(
