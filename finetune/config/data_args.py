@@ -177,6 +177,13 @@ class DataArgs:
         extensions = DATA_EXTENSIONS + (TAGGING_EXTENSIONS if tagging else ())
         for name in ("train_file", "validation_file", "validation_mismatched_file", "test_file"):
             path = getattr(self, name)
+            if path and not tagging and Path(path).suffix.lower() in TAGGING_EXTENSIONS:
+                raise ConfigError(
+                    f"--{name} {path}: a CoNLL file (words and their tags) trains a tagger; add --task_type "
+                    "token_classification",
+                    flag="--task_type",
+                    fix="add --task_type token_classification",
+                )
             if path and Path(path).suffix.lower() not in extensions:
                 raise ConfigError(
                     f"--{name} {path}: unsupported extension; use one of {', '.join(extensions)}"

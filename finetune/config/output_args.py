@@ -10,6 +10,16 @@ import huggingface_hub.constants
 from finetune.errors import ConfigError
 
 ReportTo = Literal["auto", "wandb", "tensorboard", "all", "none"]
+DEFAULT_LOGGING_STEPS = 50
+"""--logging_steps for runs of 1,000 steps or more, and the default --eval_steps."""
+
+
+def resolve_logging_steps(logging_steps: int | None, total_updates: int) -> int:
+    """--logging_steps, or about 20 log lines per run: a 20-step run's curves get 20 points, not one
+    (HF Trainer takes a ratio below 1 for the same end)."""
+    if logging_steps is not None:
+        return logging_steps
+    return min(DEFAULT_LOGGING_STEPS, max(1, total_updates // 20))
 
 
 @dataclass(frozen=True)
@@ -26,8 +36,9 @@ class OutputArgs:
     """Checkpoint folder to resume from, or 'auto' for the newest complete one in output_dir."""
     save_total_limit: int | None = None
     """Keep the newest N checkpoints (plus the best one); older ones are removed."""
-    logging_steps: int = 50
-    """Log loss, learning rate and throughput every N optimizer steps."""
+    logging_steps: int | None = None
+    """Log loss, learning rate and throughput every N optimizer steps (and the last); default: about 20
+    points per run, min(50, max(1, steps // 20)): 50 from 1,000 steps on, every step up to 39."""
     report_to: ReportTo = "auto"
     """Tracker: wandb, tensorboard, all (both) or none; metrics.jsonl is always written. auto: wandb where
     this machine is logged in to W&B (WANDB_API_KEY, or `wandb login`), otherwise none."""
@@ -48,7 +59,7 @@ class OutputArgs:
 
     def __post_init__(self):
         """Checks of this group's flags alone."""
-        if self.logging_steps <= 0:
+        if self.logging_steps is not None and self.logging_steps <= 0:
             raise ConfigError(f"--logging_steps must be a positive integer, got {self.logging_steps}")
         if self.save_total_limit is not None and self.save_total_limit <= 0:
             raise ConfigError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import re
 import sys
@@ -98,9 +99,24 @@ def _unknown(arguments: list[str], where: str | None = None) -> ConfigError:
         if (where or argument.startswith("--")) and name in OTHER_NAMES:
             named = f"{where}: {name}" if where else f"--{name}"
             return ConfigError(f"{named} is HF Trainer's or TRL's name, not one here; {OTHER_NAMES[name]}")
+    close = _close_names(arguments, where)
     if where:
-        return ConfigError(f"{where}: unknown key(s) {', '.join(arguments)}; keys are the flag names")
-    return ConfigError(f"unknown argument(s) {' '.join(arguments)}; see --help for the flags")
+        fix = f"did you mean {close}?" if close else "keys are the flag names"
+        return ConfigError(f"{where}: unknown key(s) {', '.join(arguments)}; {fix}")
+    fix = f"did you mean {close}? (see --help for the flags)" if close else "see --help for the flags"
+    return ConfigError(f"unknown argument(s) {' '.join(arguments)}; {fix}")
+
+
+def _close_names(arguments: list[str], where: str | None) -> str | None:
+    """The flags nearest the first unknown name (difflib's ratio, at least 0.75: `--learning_rte` finds
+    --learning_rate, `--lr` nothing), as "--a" or "--a or --b"; YAML keys without the dashes."""
+    flags = [a for a in arguments if where or a.startswith("--")]
+    if not flags:
+        return None
+    name = flags[0].lstrip("-").split("=", 1)[0].replace("-", "_")
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.75)
+    return " or ".join(n if where else f"--{n}" for n in close) or None
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:

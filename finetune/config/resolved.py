@@ -38,6 +38,8 @@ class Resolved:
     """The flag's batch, or this device's default (see --per_device_eval_batch_size)."""
     report_to: str
     """The trackers the run logs to (auto: wandb where this machine is logged in to W&B, else none)."""
+    logging_steps: int
+    """The flag's steps, or about 20 log lines over the run's updates (see --logging_steps)."""
 
 
 # Evaluation batches when --per_device_eval_batch_size is unset, at --max_length 128 (measured in

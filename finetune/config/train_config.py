@@ -16,11 +16,12 @@ import math
 import textwrap
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from finetune.config.data_args import DATA_EXTENSIONS, GLUE_DATASET, DataArgs
 from finetune.config.model_args import ModelArgs
-from finetune.config.output_args import OutputArgs
+from finetune.config.output_args import DEFAULT_LOGGING_STEPS, OutputArgs
 from finetune.config.system_args import SystemArgs
 from finetune.config.training_args import EvaluationArgs, OptimizationArgs
 from finetune.errors import ConfigError
@@ -39,6 +40,7 @@ class TrainConfig(*reversed(GROUPS)):  # a dataclass takes its bases' fields las
 
     def __post_init__(self):
         _check_types(self)
+        _default_eval_strategy(self)  # before the groups' checks: several read it
         for group in GROUPS:
             group.__post_init__(self)
         check_across_groups(self)
@@ -68,6 +70,24 @@ def _check_types(config: TrainConfig) -> None:
             raise ConfigError(f"--{f.name} must be a finite number, got {value}")
 
 
+def _default_eval_strategy(config: TrainConfig) -> None:
+    """--eval_strategy unset: epoch, or no where training on local files has no validation rows."""
+    if config.eval_strategy is None:
+        unjudged = config.uses_local_files and config.do_train and not _validation_rows(config)
+        object.__setattr__(config, "eval_strategy", "no" if unjudged else "epoch")
+
+
+def _validation_rows(config: TrainConfig) -> bool:
+    return bool(config.validation_file or config.carves_validation)
+
+
+def _check_files_exist(config: TrainConfig) -> None:
+    for name in ("train_file", "validation_file", "validation_mismatched_file", "test_file"):
+        path = getattr(config, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"--{name} {path} does not exist; check the path", flag=f"--{name}")
+
+
 def check_across_groups(config: TrainConfig) -> None:
     """The checks (and HF's defaults) that need flags of two groups; refused before anything loads."""
     default = object.__setattr__  # HF's TrainingArguments fills these in at parse time too
@@ -81,7 +101,9 @@ def check_across_groups(config: TrainConfig) -> None:
             flag="--gguf_file",
         )
     if config.eval_strategy == "steps" and config.eval_steps is None:
-        default(config, "eval_steps", config.logging_steps)  # as Hugging Face Trainer does
+        # --logging_steps, as Hugging Face Trainer does; unset: its fixed default, not the run's resolved
+        # one, which would evaluate a short run at every step
+        default(config, "eval_steps", config.logging_steps or DEFAULT_LOGGING_STEPS)
     if config.early_stopping_patience is not None and not config.evaluates_training:
         raise ConfigError(
             "--early_stopping_patience counts evaluations during training; set --eval_strategy steps "
@@ -109,20 +131,30 @@ def check_across_groups(config: TrainConfig) -> None:
             f"--validation_split_name {config.validation_split_name} is the training split: the run would "
             "judge itself on its training rows; name another split or use --validation_split_percentage"
         )
-    if config.uses_local_files:
-        if config.do_train and not config.train_file:
-            raise ConfigError("training on local files needs --train_file")
-        if config.evaluates_training and not (config.validation_file or config.carves_validation):
-            raise ConfigError(
-                "training on local files needs --validation_file (it judges the run), or "
-                "--validation_split_percentage, or --eval_strategy no to train without evaluating"
-            )
-        if config.do_predict and not config.test_file:
-            raise ConfigError("--do_predict on local files needs --test_file")
-        if not config.do_train and not (config.validation_file or config.do_predict):
-            raise ConfigError(
-                "--do_train false: give --validation_file to evaluate, or --do_predict with --test_file"
-            )
+    refused = _local_files_lack(config) if config.uses_local_files else None
+    if refused:
+        _check_files_exist(config)  # a mistyped path first: it may be why a flag seems missing
+        raise refused
+
+
+def _local_files_lack(config: TrainConfig) -> ConfigError | None:
+    """What a run on local files lacks, if anything."""
+    if config.do_train and not config.train_file:
+        return ConfigError("training on local files needs --train_file")
+    if config.evaluates_training and not _validation_rows(config):  # --eval_strategy given
+        return ConfigError(
+            f"--eval_strategy {config.eval_strategy} evaluates on validation rows and this run has none; "
+            "give --validation_file or --validation_split_percentage, or drop --eval_strategy to train "
+            "without evaluating",
+            flag="--eval_strategy",
+        )
+    if config.do_predict and not config.test_file:
+        return ConfigError("--do_predict on local files needs --test_file")
+    if not config.do_train and not (config.validation_file or config.do_predict):
+        return ConfigError(
+            "--do_train false: give --validation_file to evaluate, or --do_predict with --test_file"
+        )
+    return None
 
 
 def _choices(annotation) -> tuple | None:

@@ -131,9 +131,11 @@ class OptimizationArgs:
 class EvaluationArgs:
     """Evaluation: when to evaluate, the best model, early stopping, predictions (HF Trainer's names)."""
 
-    eval_strategy: EvalStrategy = "epoch"
+    eval_strategy: EvalStrategy | None = None
     """When to evaluate while training: no, steps (every --eval_steps) or epoch; the last step is always
-    evaluated unless no."""
+    evaluated unless no. Default: epoch, or no where local files give no validation rows (no
+    --validation_file nor --validation_split_percentage): the run trains without evaluating, as TRL and HF
+    Trainer do, and exports the last step's model."""
     eval_steps: int | None = None
     """With --eval_strategy steps: evaluate every N optimizer steps; default --logging_steps."""
     per_device_eval_batch_size: int | None = None

@@ -128,10 +128,29 @@ def load_dataset_splits(
 
 
 def _lacks(source: str, missing: list[str], found: list[str]) -> str:
+    other = _another_familys_rows(found)
+    if other:  # a chat or tagging file given to the classifier (no --task_type): that is the fix
+        rows, task_type = other
+        return (
+            f"{source} lacks column(s) {', '.join(missing)}; its {rows} train --task_type {task_type}: "
+            f"add --task_type {task_type}"
+        )
     return (
         f"{source} lacks column(s) {', '.join(missing)}; found {', '.join(found)} "
         "(name yours with --text_columns and --label_column)"
     )
+
+
+def _another_familys_rows(found: list[str]) -> tuple[str, str] | None:
+    """What another family's rows look like (TRL's chat columns, run_ner's word and tag lists), and it."""
+    if "messages" in found:
+        return "messages (conversations)", "causal_lm"
+    if "prompt" in found and "completion" in found:
+        return "prompt and completion columns", "causal_lm"
+    tags = [c for c in ("tags", "ner_tags", "pos_tags") if c in found]
+    if "tokens" in found and tags:
+        return f"tokens and {tags[0]} (words and their tags)", "token_classification"
+    return None
 
 
 def _class_label(dataset: Dataset) -> ClassLabel | None:

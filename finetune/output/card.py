@@ -119,9 +119,11 @@ def write_model_card(
         "",
         "## Results",
         "",
-        "| metric | value |",
-        "| --- | --- |",
-        *(f"| {k} | {v:.4f} |" for k, v in scores),
+        *(
+            ["| metric | value |", "| --- | --- |", *(f"| {k} | {v:.4f} |" for k, v in scores)]
+            if scores
+            else ["Not evaluated: the run had no validation rows (or --eval_strategy no)."]
+        ),
         "",
         "## Training",
         "",

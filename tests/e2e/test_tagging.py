@@ -377,3 +377,14 @@ def test_a_model_trained_on_iob1_predicts_as_iob1_without_labelled_rows(ner, tmp
           "--do_predict", "--test_file", str(test), "--output_dir", str(tmp_path / "predicted"),
           "--report_to", "none"])  # fmt: skip
     assert "tag scheme IOB1, " in capsys.readouterr().out
+
+
+def test_tagging_trains_without_a_validation_file(ner, tmp_path):
+    """As run_ner_no_trainer with no validation file: no evaluation; the last step's model is exported."""
+    out = tmp_path / "out"
+    args = tag_args(ner, out, "--max_train_steps", "2")
+    del args[args.index("--validation_file") : args.index("--validation_file") + 2]
+    results = main(args)
+    reset_accelerate()
+    assert (results["global_step"], results["exported_model_step"], results["best_metric"]) == (2, 2, None)
+    assert "eval_f1" not in results and (out / "model.safetensors").is_file()

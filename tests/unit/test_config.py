@@ -79,6 +79,28 @@ def test_unknown_flag_is_an_error(flag):
         parse_config([flag, "1e-4"])
 
 
+@pytest.mark.parametrize(
+    ("given", "fix"),
+    [
+        (["--learning_rte", "1e-4"], "did you mean --learning_rate? (see --help for the flags)"),
+        (["--validation_fle=d.jsonl"], "did you mean --validation_file? (see --help for the flags)"),
+        (["--lr", "1"], "see --help for the flags"),  # nothing near enough: no guess
+    ],
+)
+def test_an_unknown_flag_names_the_nearest_flag(given, fix):
+    with pytest.raises(ConfigError) as refused:
+        parse_config(given)
+    assert str(refused.value) == f"unknown argument(s) {' '.join(given)}; {fix}"
+    assert refused.value.fix == fix and refused.value.flag == given[0].split("=")[0]
+
+
+def test_an_unknown_yaml_key_names_the_nearest_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("logging_step: 5\n")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) logging_step; did you mean logging_steps\?$"):
+        parse_config(["--config", str(path)])
+
+
 def test_other_toolkits_names_are_not_flags_here():
     """A name listed for HF Trainer's users must not shadow (or hide) a real flag."""
     assert not set(OTHER_NAMES) & {f.name for f in dataclasses.fields(TrainConfig)}

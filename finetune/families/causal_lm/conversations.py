@@ -218,7 +218,7 @@ def _conversation(
     if not assistant_only_loss:  # the completion of a conversational prompt-completion, whole
         span = _completion_span(messages, prompt_turns, full, render, refuse)
         return [_tokenized(full, [span], tokenizer, refuse)]
-    turns = [(render(messages[: i + 1]), i) for i in _assistant_turns(messages, prompt_turns, refuse)]
+    turns = [(render(messages[: i + 1]), i) for i in assistant_turns(messages, prompt_turns, refuse)]
     spans = [_turn_span(messages, i, through, render, refuse) for through, i in turns]
     if all(full.startswith(through) for through, _ in turns):
         return [_tokenized(full, spans, tokenizer, refuse)]
@@ -256,8 +256,9 @@ def _completion_span(messages, prompt_turns: int, full: str, render, refuse) -> 
     return len(before), len(full.rstrip()), prompt_turns
 
 
-def _assistant_turns(messages, prompt_turns: int | None, refuse) -> list[int]:
-    """The assistant turns to train on: the completion's only where `prompt_turns` is given."""
+def assistant_turns(messages, prompt_turns: int | None, refuse) -> list[int]:
+    """The assistant turns to train on: the completion's only where `prompt_turns` is given. Asked of
+    every row before the model loads too (data.py `check_assistant_turns`)."""
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i >= (prompt_turns or 0)]
     if not turns:
         where = "" if prompt_turns is None else " in its completion"

@@ -18,11 +18,12 @@ from finetune.errors import ConfigError
 from finetune.families.causal_lm.conversations import (
     IGNORE,
     appended_tokens,
+    assistant_turns,
     encode_examples,
     end_of_turn,
 )
 from finetune.families.causal_lm.generation import check_prompts
-from finetune.families.causal_lm.rows import check_rows, detect_format, struct_columns, unpadded
+from finetune.families.causal_lm.rows import check_rows, detect_format, refusal, struct_columns, unpadded
 
 FORMAT_WORDS = {
     "messages": "conversations (messages)",
@@ -94,6 +95,7 @@ def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
         fmt = detect_format(split.column_names, sources[name], split[0] if len(split) else None)
         check_rows(split, fmt, sources[name])
         formats[name] = _conversational(fmt, split)
+        check_assistant_turns(split, formats[name], config, sources[name])
     if config.carves_validation:
         splits["train"], splits["validation"] = _carve_validation(splits["train"], config, sources["train"])
         formats["validation"] = formats["train"]
@@ -107,6 +109,20 @@ def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
     fmt = next(iter(trained.values()), next(iter(formats.values())))
     metrics = ("perplexity", "exact_match") if config.predict_with_generate else ("perplexity",)
     return LmTask(fmt, _trained_on(fmt, config), metrics=metrics), splits
+
+
+def check_assistant_turns(split: Dataset, fmt: str, config, source: str) -> None:
+    """Every conversation's assistant turns to train on, as encoding will find them, looked for while the
+    rows are read: a chat file without one is refused in a second, not after the model's loading."""
+    if not config.assistant_only_loss or fmt not in ("messages", "conversational_prompt_completion"):
+        return
+    columns = ["messages"] if fmt == "messages" else ["prompt", "completion"]
+    for number, row in enumerate(split.select_columns(columns)):
+        messages, prompt_turns = row.get("messages"), None
+        if fmt != "messages":  # the prompt's turns are context, never targets (conversations.py)
+            messages = row["prompt"] + row["completion"]
+            prompt_turns = len(row["prompt"]) if config.completion_only_loss else None
+        assistant_turns(messages, prompt_turns, functools.partial(refusal, source, number))
 
 
 def _carve_validation(train: Dataset, config, source: str) -> tuple[Dataset, Dataset]:

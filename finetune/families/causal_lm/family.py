@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import DynamoBackend
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
@@ -269,9 +269,13 @@ def _load(args, loading: dict):
         loading = {**loading, "gguf_file": args.gguf_file}
         reading = read_once()
     try:
+        if not args.gguf_file:  # a GGUF file holds a causal LM's weights, or transformers refuses it
+            _refuse_without_lm_head(name, AutoConfig.from_pretrained(name, **hub))
         with reading:
             tokenizer = AutoTokenizer.from_pretrained(name, **hub)
             model = AutoModelForCausalLM.from_pretrained(name, **loading)
+    except ConfigError:  # a ValueError too: the line above is the user's already
+        raise
     except ValueError as error:
         raise loading_error(name, error, loading) from None
     except OSError as error:
@@ -286,6 +290,27 @@ def _load(args, loading: dict):
             f"--max_length {args.max_length} exceeds the model's {positions} positions; lower it"
         )
     return model, tokenizer
+
+
+OTHER_HEADS = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
+               "ForMultipleChoice", "ForMaskedLM", "ForPreTraining", "ForNextSentencePrediction",
+               "Model")  # fmt: skip
+"""How the class names of checkpoints without a causal-LM head end (BertModel: a bare encoder, MiniLM's)."""
+
+
+def _refuse_without_lm_head(name: str, config) -> None:
+    """A checkpoint of classifiers or bare encoders only: AutoModelForCausalLM would load a BERT as
+    BertLMHeadModel, a new untrained head on a bidirectional encoder, and the run would then refuse its
+    --max_length or its tokenizer (no EOS) without ever saying that it is no causal LM."""
+    architectures = getattr(config, "architectures", None) or []
+    lm = any(word in a for a in architectures for word in ("CausalLM", "LMHead", "ConditionalGeneration"))
+    if architectures and not lm and all(a.endswith(OTHER_HEADS) for a in architectures):
+        raise ConfigError(
+            f"--model_name_or_path {name} is a {architectures[0]}, with no causal-LM head for --task_type "
+            "causal_lm to train; give a causal LM (its config.json's architectures end in ForCausalLM), or "
+            "train this one without --task_type causal_lm",
+            flag="--model_name_or_path",
+        )
 
 
 def _fit_tokenizer(model, tokenizer) -> list[str]:
