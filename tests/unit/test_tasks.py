@@ -46,8 +46,11 @@ def test_the_other_glue_tasks_load_with_their_columns(tmp_path):
         ),
     ],
 )
-def test_task_flag_mistakes(flags, flag, fix):
+def test_task_flag_mistakes(flags, flag, fix, tmp_path, monkeypatch):
     from finetune.config.parser import parse_config
 
+    monkeypatch.chdir(tmp_path)  # the files named exist: paths are checked before how they combine
+    for name in ("t.jsonl", "v.jsonl", "x.jsonl"):
+        (tmp_path / name).write_text('{"sentence": "a", "label": 0}\n')
     with refused(flag, fix):
         parse_config(flags)
