@@ -32,7 +32,7 @@ IDENTITY_FLAGS = (
     # evaluations: they pick the exported model and stop training early
     "do_train", "eval_strategy", "eval_steps", "metric_for_best_model", "greater_is_better",
     "load_best_model_at_end", "early_stopping_patience", "early_stopping_threshold", "multi_label_threshold",
-    "predict_with_generate", "generation_max_new_tokens",
+    "predict_with_generate", "generation_max_new_tokens",  # the latter: only with the former (GENERATED)
     # the exported model: --calibrate rescales its head
     "calibrate",
 )  # fmt: skip
@@ -109,8 +109,20 @@ def run_identity(config: TrainConfig, world_size: int) -> dict:
         "training_data": training_data(config) if config.do_train else None,
         "validation_data": validation_data(config),
         "tokenizer": tokenizer_identity(config),
-        **{flag: getattr(config, flag) for flag in IDENTITY_FLAGS},
+        **{flag: getattr(config, flag) for flag in IDENTITY_FLAGS if _compared(flag, config)},
     }
+
+
+GENERATED = ("generation_max_new_tokens",)
+"""Flags that change the run only through evaluations that generate (--predict_with_generate: its
+eval_exact_match can pick the exported model and stop training). Without it they set the predictions'
+and the exported generation_config.json's length alone, which a finished run's --do_predict may change:
+they are then left out of the identity (and so out of the comparison; `differences` skips an entry
+this launch lacks)."""
+
+
+def _compared(flag: str, config: TrainConfig) -> bool:
+    return flag not in GENERATED or config.predict_with_generate
 
 
 # Flags added to the identity after runs were recorded without them: what such a run had (the behaviour
@@ -171,12 +183,18 @@ def refuse_other_run(saved: dict | None, now: dict, checkpoint: Path) -> None:
             fix="resume with that model, or start a new run",
         )
     if differ:
-        then, this = (", ".join(_named(key, values[key]) for key in differ) for values in (saved, now))
+        then, this = described(saved, now, differ)
         raise ConfigError(
             f"--resume_from_checkpoint {checkpoint} was saved by a run with {then}; this run has {this}; "
             "resume with that run's settings, or start a new run (--overwrite_output_dir or another "
             "--output_dir)"
         )
+
+
+def described(saved: dict, now: dict, differ: list[str]) -> tuple[str, str]:
+    """The entries `differ` as each identity has them, as a message shows them ("--seed 1, --lr 0.1")."""
+    saved = with_added_later(saved, now)
+    return tuple(", ".join(_named(key, values[key]) for key in differ) for values in (saved, now))
 
 
 def _named(key: str, value) -> str:

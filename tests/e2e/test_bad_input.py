@@ -257,10 +257,19 @@ def test_output_dir_that_cannot_be_used(case, flag, value, expected, good, finis
 
 
 def test_finished_output_dir_is_refused_and_kept(tiny_model_dir, nli_files, finished, capsys):
-    last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, finished), finished, "", capsys)
+    same = ["--max_train_steps", "10", "--checkpointing_steps", "5"]
+    last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, finished, *same), finished, "", capsys)
     assert last == (
         f"error: --output_dir {finished} holds a finished run (results.json); choose another folder, or "
         "pass --overwrite_output_dir to replace that run"
+    )
+    # Another run's flags: named, old and new, since --overwrite_output_dir deletes that run's model.
+    other = tiny_args(tiny_model_dir, nli_files, finished, "--max_train_steps", "12", "--seed", "7")
+    last = fails_cleanly(other, finished, "", capsys)
+    assert last == (
+        f"error: --output_dir {finished} holds a finished run (results.json) with --max_train_steps 10, "
+        "--seed 42; this run has --max_train_steps 12, --seed 7; relaunch with that run's settings to keep "
+        "it, choose another folder, or pass --overwrite_output_dir to delete that run's model and train again"
     )
 
 
