@@ -84,9 +84,10 @@ def stopped_launch_code(error: BaseException) -> int | None:
     torch elastic's agent (`accelerate launch`'s multi-process path, torchrun) counts any non-zero exit
     of a worker as a failure: ChildFailedError, which ends the launcher 1 with a traceback although every
     rank said where its checkpoint is and exited 143, so a scheduler that requeues on 143 does not. The
-    stop is a ChildFailedError whose first failed rank exited 143 or 130 and whose others did too, or
-    were ended by the agent's own SIGTERM to the ranks still running after that first exit (-15, not
-    the user's signal): 143 where any rank exited SIGTERM's code. The agent itself signalled (a `kill`
+    stop is a ChildFailedError whose failed ranks exited 143 or 130, or were ended by the agent's own
+    SIGTERM to the ranks still running after the first exit (-15; the failures' order is by the second,
+    so it does not say which came first): 143 where any rank exited SIGTERM's code (the agent's -15
+    does not count: after Ctrl-C the launch exits 130). The agent itself signalled (a `kill`
     of the launcher: it forwards the signal to the workers and waits for them): 128 + the signal.
     accelerate's one-process launcher: its CalledProcessError's code."""
     import subprocess
@@ -100,8 +101,6 @@ def stopped_launch_code(error: BaseException) -> int | None:
         return error.returncode if error.returncode in STOP_EXIT_CODES else None
     if not isinstance(error, ChildFailedError) or not error.failures:
         return None
-    first_rank, first = error.get_first_failure()
-    others = [f.exitcode for rank, f in error.failures.items() if rank != first_rank]
-    if first.exitcode not in STOP_EXIT_CODES or not set(others) <= {*STOP_EXIT_CODES, -signal.SIGTERM}:
-        return None
-    return max(code for code in (first.exitcode, *others) if code in STOP_EXIT_CODES)  # not the agent's
+    codes = {failure.exitcode for failure in error.failures.values()}
+    stopped = codes & set(STOP_EXIT_CODES)
+    return max(stopped) if stopped and codes <= {*STOP_EXIT_CODES, -signal.SIGTERM} else None
