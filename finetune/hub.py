@@ -25,6 +25,27 @@ _switched_off: str | None = None
 user set. Kept for the process: a study's later runs read the cache too, without asking again."""
 
 
+def refuse_adapter_folder(folder: Path, where: str) -> None:
+    """A LoRA adapter's folder (adapter_config.json, no config.json) is no model: transformers would load
+    its base through peft, then fail on the tokenizer the folder lacks ("Couldn't instantiate the backend
+    tokenizer"). One line: the merged model beside it (finetune exports it in the adapter's parent), or
+    the base the adapter names."""
+    import json
+
+    try:
+        base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    merged = folder.parent if (folder.parent / "config.json").is_file() else None
+    choices = [f"--model_name_or_path {merged} (the merged model)"] if merged else []
+    base = f" ({base})" if base else ""
+    choices += [f"its base model{base} with the adapter merged in (peft's merge_and_unload, saved)"]
+    raise ConfigError(
+        f"{where} is a LoRA adapter (adapter_config.json), not a model; give {', or '.join(choices)}",
+        flag="--model_name_or_path",
+    )
+
+
 def is_path(name: str) -> bool:
     """A name shaped like a path (`./x`, `/x`, `~/x`, `a/b/c`), never a Hub id (`name`, `owner/name`)."""
     return name.startswith((".", "/", "~")) or name.count("/") > 1
@@ -80,6 +101,8 @@ def check_model_source(
             f"{ggufs[0]}",
             flag="--gguf_file",
         )
+    if local.is_dir() and (local / "adapter_config.json").is_file() and not (local / "config.json").is_file():
+        refuse_adapter_folder(local, where)
     if local.exists() or is_path(model_name_or_path):
         return
     try:

@@ -267,3 +267,19 @@ def refused(flag: str, fix: str | None = None):
     assert error.value.flag == flag, f"flag {error.value.flag!r}: {error.value}"
     assert error.value.fix, f"no fix: {error.value}"
     assert fix is None or fix in error.value.fix, f"fix {error.value.fix!r}: {error.value}"
+
+
+def retrained_in_place(folder, only: str | None = None) -> None:
+    """The folder's weights rewritten as training would leave them: the same names, shapes and sizes
+    (`only`: that tensor alone changed)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    for name in [only] if only else list(tensors):
+        if tensors[name].is_floating_point():
+            tensors[name] = tensors[name] + 0.01 * torch.randn_like(tensors[name])
+    size = path.stat().st_size
+    save_file(tensors, path, metadata={"format": "pt"})
+    assert path.stat().st_size == size

@@ -147,18 +147,28 @@ class DataArgs:
         if self.doc_stride is not None and self.doc_stride <= 0:
             raise ConfigError(f"--doc_stride must be a positive integer or left unset, got {self.doc_stride}")
         tagging = self.task_type == "token_classification"
+        causal = self.task_type == "causal_lm"
+        # Neither causal_lm nor token_classification takes --long_documents sliding_window (their losses
+        # weigh each target token alike): advising it there would only move the refusal.
         if self.doc_stride is not None and self.long_documents != "sliding_window" and not tagging:
+            fix = "add --long_documents sliding_window or drop --doc_stride"
+            fix = "drop --doc_stride" if causal else fix
+            why = ": causal_lm truncates at --max_length" if causal else ""
             raise ConfigError(
-                "--doc_stride is the overlap of --long_documents sliding_window's windows; add "
-                "--long_documents sliding_window or drop --doc_stride"
+                f"--doc_stride is the overlap of --long_documents sliding_window's windows{why}; {fix}",
+                flag="--doc_stride",
+                fix=fix,
             )
         windowed = self.long_documents == "sliding_window"
         if self.window_loss_weighting == "document" and not windowed:
+            if causal or tagging:
+                fix = "drop --window_loss_weighting"
+                why = f"weighs a classifier's windows; {self.task_type}'s loss weighs each target token alike"
+            else:
+                fix = "add --long_documents sliding_window or drop --window_loss_weighting"
+                why = "weighs the windows of --long_documents sliding_window"
             raise ConfigError(
-                "--window_loss_weighting document weighs the windows of --long_documents sliding_window; add "
-                "--long_documents sliding_window or drop --window_loss_weighting",
-                flag="--window_loss_weighting",
-                fix="add --long_documents sliding_window or drop --window_loss_weighting",
+                f"--window_loss_weighting document {why}; {fix}", flag="--window_loss_weighting", fix=fix
             )
         if self.packing and self.task_type != "causal_lm":
             raise ConfigError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from finetune.config.model_files import model_files, weight_files
 from finetune.config.train_config import DATA_EXTENSIONS, TrainConfig
 from finetune.errors import ConfigError
 
@@ -32,7 +33,7 @@ IDENTITY_FLAGS = (
     # evaluations: they pick the exported model and stop training early
     "do_train", "eval_strategy", "eval_steps", "metric_for_best_model", "greater_is_better",
     "load_best_model_at_end", "early_stopping_patience", "early_stopping_threshold", "multi_label_threshold",
-    "predict_with_generate", "generation_max_new_tokens",
+    "predict_with_generate", "generation_max_new_tokens",  # the latter: only with the former (GENERATED)
     # the exported model: --calibrate rescales its head
     "calibrate",
 )  # fmt: skip
@@ -94,6 +95,7 @@ LEFT_OUT = {
 DERIVED = {
     "world_size": "processes",
     "model": "model",
+    "model_files": "model file",
     "training_data": "training data",
     "validation_data": "validation data",
     "tokenizer": "tokenizer and chat template",
@@ -106,11 +108,24 @@ def run_identity(config: TrainConfig, world_size: int) -> dict:
     return {
         "world_size": world_size,
         "model": model_identity(config),
+        "model_files": model_files(config),
         "training_data": training_data(config) if config.do_train else None,
         "validation_data": validation_data(config),
         "tokenizer": tokenizer_identity(config),
-        **{flag: getattr(config, flag) for flag in IDENTITY_FLAGS},
+        **{flag: getattr(config, flag) for flag in IDENTITY_FLAGS if _compared(flag, config)},
     }
+
+
+GENERATED = ("generation_max_new_tokens",)
+"""Flags that change the run only through evaluations that generate (--predict_with_generate: its
+eval_exact_match can pick the exported model and stop training). Without it they set the predictions'
+and the exported generation_config.json's length alone, which a finished run's --do_predict may change:
+they are then left out of the identity (and so out of the comparison; `differences` skips an entry
+this launch lacks)."""
+
+
+def _compared(flag: str, config: TrainConfig) -> bool:
+    return flag not in GENERATED or config.predict_with_generate
 
 
 # Flags added to the identity after runs were recorded without them: what such a run had (the behaviour
@@ -163,6 +178,15 @@ def refuse_other_run(saved: dict | None, now: dict, checkpoint: Path) -> None:
             f"has {now['world_size']}; exact resume needs the same number",
             fix=f"launch {saved['world_size']} processes",
         )
+    if "model_files" in differ and "model" not in differ:  # the same folder, its files rewritten
+        then, this = described(saved, now, ["model_files"])
+        raise ConfigError(
+            f"--resume_from_checkpoint {checkpoint} was saved from the model in {_place(now['model'])} "
+            f"as it was then ({then}); it has changed since ({this}): resume with the model as it was, or "
+            "start a new run (--overwrite_output_dir or another --output_dir)",
+            flag="--model_name_or_path",
+            fix="resume with the model as it was, or start a new run",
+        )
     if "model" in differ:
         raise ConfigError(
             f"--resume_from_checkpoint {checkpoint} was saved from a different model: {saved['model']}; this "
@@ -171,7 +195,7 @@ def refuse_other_run(saved: dict | None, now: dict, checkpoint: Path) -> None:
             fix="resume with that model, or start a new run",
         )
     if differ:
-        then, this = (", ".join(_named(key, values[key]) for key in differ) for values in (saved, now))
+        then, this = described(saved, now, differ)
         raise ConfigError(
             f"--resume_from_checkpoint {checkpoint} was saved by a run with {then}; this run has {this}; "
             "resume with that run's settings, or start a new run (--overwrite_output_dir or another "
@@ -179,8 +203,30 @@ def refuse_other_run(saved: dict | None, now: dict, checkpoint: Path) -> None:
         )
 
 
+def described(saved: dict, now: dict, differ: list[str]) -> tuple[str, str]:
+    """The entries `differ` as each identity has them, as a message shows them ("--seed 1, --lr 0.1")."""
+    saved = with_added_later(saved, now)
+    return tuple(", ".join(_named(key, _changed(key, values, saved, now)) for key in differ)
+                 for values in (saved, now))  # fmt: skip
+
+
+def _changed(key: str, values: dict, saved: dict, now: dict):
+    """The entry `key` of `values` as a message shows it: of model_files, the files that differ only."""
+    if key != "model_files" or not isinstance(saved[key], dict) or not isinstance(now[key], dict):
+        return values[key]
+    names = [n for n in {**saved[key], **now[key]} if saved[key].get(n) != now[key].get(n)]
+    return {n: values[key].get(n, "absent") for n in names}
+
+
+def _place(model: str) -> str:
+    """`model_identity`'s folder, without its digest."""
+    return model.rsplit(" (files ", 1)[0]
+
+
 def _named(key: str, value) -> str:
     """An identity entry as a message shows it: a flag as the command line takes it."""
+    if isinstance(value, dict):  # model_files: "model file model.safetensors 0123abcd"
+        return ", ".join(f"{DERIVED.get(key, key)} {name} {digest}" for name, digest in value.items())
     if key in DERIVED:
         return f"{DERIVED[key]} {value}"
     if isinstance(value, bool):
@@ -194,17 +240,15 @@ def _named(key: str, value) -> str:
 
 def model_identity(config: TrainConfig) -> str:
     """A local folder as a place (relative, absolute or through a link: the same folder) with a digest
-    of its config.json and its weight files' names and sizes; a Hub id as written (its revision is a flag)."""
+    of its config.json and its weight files' names and sizes; a Hub id as written (its revision is a flag).
+    Kept as it was when `model_files` came: runs recorded before compare by it alone."""
     folder = Path(config.model_name_or_path)
     if not folder.is_dir():
         return config.model_name_or_path
     digest = hashlib.sha256()
     if (folder / "config.json").is_file():
         digest.update((folder / "config.json").read_bytes())
-    weights = sorted(
-        p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin", ".gguf") and p.is_file()
-    )
-    for file in weights:
+    for file in weight_files(folder):
         digest.update(f"{file.name} {file.stat().st_size}\n".encode())
     return f"{folder.resolve()} (files {digest.hexdigest()[:12]})"
 

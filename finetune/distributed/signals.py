@@ -70,3 +70,37 @@ def only_noted():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+STOP_EXIT_CODES = (128 + signal.SIGTERM, 128 + signal.SIGINT)
+"""What a rank exits with once a stop signal stopped it (its checkpoint written, or outside training
+with nothing to lose): TrainingInterrupted's and Stopped's 143 and 130."""
+
+
+def stopped_launch_code(error: BaseException) -> int | None:
+    """The exit code a launch ended by `error` stands for where its workers were stopped by a signal,
+    else None (a failure, left as the launcher reports it).
+
+    torch elastic's agent (`accelerate launch`'s multi-process path, torchrun) counts any non-zero exit
+    of a worker as a failure: ChildFailedError, which ends the launcher 1 with a traceback although every
+    rank said where its checkpoint is and exited 143, so a scheduler that requeues on 143 does not. The
+    stop is a ChildFailedError whose failed ranks exited 143 or 130, or were ended by the agent's own
+    SIGTERM to the ranks still running after the first exit (-15; the failures' order is by the second,
+    so it does not say which came first): 143 where any rank exited SIGTERM's code (the agent's -15
+    does not count: after Ctrl-C the launch exits 130). The agent itself signalled (a `kill`
+    of the launcher: it forwards the signal to the workers and waits for them): 128 + the signal.
+    accelerate's one-process launcher: its CalledProcessError's code."""
+    import subprocess
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    if isinstance(error, SignalException):
+        return 128 + int(error.sigval)
+    if isinstance(error, subprocess.CalledProcessError):
+        return error.returncode if error.returncode in STOP_EXIT_CODES else None
+    if not isinstance(error, ChildFailedError) or not error.failures:
+        return None
+    codes = {failure.exitcode for failure in error.failures.values()}
+    stopped = codes & set(STOP_EXIT_CODES)
+    return max(stopped) if stopped and codes <= {*STOP_EXIT_CODES, -signal.SIGTERM} else None

@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from finetune.config.identity import differences
+from finetune.config.identity import DERIVED, described, differences
 from finetune.config.train_config import TrainConfig
 from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError
@@ -69,10 +69,7 @@ def check_output_dir(config: TrainConfig, resuming: bool, identity: dict) -> Non
     check_usable_folder(output_dir, config.model_name_or_path)
     overwrite = config.overwrite_output_dir
     if (output_dir / "results.json").exists() and not (overwrite or resuming):
-        raise ConfigError(
-            f"--output_dir {output_dir} holds a finished run (results.json); choose another folder, or pass "
-            "--overwrite_output_dir to replace that run"
-        )
+        raise _finished_elsewhere(output_dir, identity)
     earlier = complete_checkpoints(output_dir)
     if earlier and not (overwrite or resuming):
         raise ConfigError(
@@ -87,6 +84,28 @@ def check_output_dir(config: TrainConfig, resuming: bool, identity: dict) -> Non
             f"({', '.join(replaced)}) that this run would replace; choose another folder, or pass "
             "--overwrite_output_dir to replace them"
         )
+
+
+def _finished_elsewhere(output_dir: Path, identity: dict) -> ConfigError:
+    """A finished run in the folder, and this launch neither resumes it nor replaces it: the flags that
+    make it another run (old -> new), since --overwrite_output_dir deletes that run's model to train
+    again, and a changed flag is often what the user wants to undo instead."""
+    recorded = _recorded(output_dir)
+    differ = differences(recorded, identity) if recorded is not None else []
+    if not differ:
+        return ConfigError(
+            f"--output_dir {output_dir} holds a finished run (results.json); choose another folder, or pass "
+            "--overwrite_output_dir to replace that run"
+        )
+    then, this = described(recorded, identity, differ)
+    first = differ[0]
+    return ConfigError(
+        f"--output_dir {output_dir} holds a finished run (results.json) with {then}; this run has {this}; "
+        "relaunch with that run's settings to keep it, choose another folder, or pass "
+        "--overwrite_output_dir to delete that run's model and train again",
+        flag="--output_dir" if first in DERIVED else f"--{first}",
+        fix="relaunch with that run's settings, choose another --output_dir, or pass --overwrite_output_dir",
+    )
 
 
 def check_usable_folder(output_dir: Path, model_name_or_path: str) -> None:
@@ -122,12 +141,18 @@ def earlier_outputs(output_dir: Path) -> list[str]:
     return found + (["model files"] if any(p.exists() for p in model) else [])
 
 
-def _records(output_dir: Path, identity: dict) -> bool:
-    """The folder's train_config.json records this run (a start that ended before its first checkpoint)."""
+def _recorded(output_dir: Path) -> dict | None:
+    """The identity the folder's train_config.json records (None: no record, or one without it)."""
     try:
         recorded = json.loads((output_dir / "train_config.json").read_text()).get("identity")
     except (OSError, ValueError, AttributeError):
-        return False
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def _records(output_dir: Path, identity: dict) -> bool:
+    """The folder's train_config.json records this run (a start that ended before its first checkpoint)."""
+    recorded = _recorded(output_dir)
     return recorded is not None and not differences(recorded, identity)
 
 

@@ -29,12 +29,14 @@ def write_run_record(run, results: dict, predictions: list | None) -> None:
             plot_training_curves(
                 output_dir / "metrics.jsonl", output_dir / CURVES_FILE, task.metric_keys(per_class=False)
             )
+    card_written = False  # the closing list names only what this run wrote
     if config.do_train:
         wall_s = time.perf_counter() - run.started_s
         card = output_dir / "README.md"
         if card.exists() and not (card.is_file() and is_model_card(card)):  # the user's: kept
             print(f"{card} is not a model card of finetune's: kept as it is, no model card written")
         else:
+            card_written = True
             with writing("the model card (README.md)", output_dir):
                 machine = hardware(accelerator)
                 parts = run.family.card_parts(config, task)  # None: a classifier's
@@ -51,7 +53,8 @@ def write_run_record(run, results: dict, predictions: list | None) -> None:
     if summary := results_summary(results, task):
         print(summary)
     curves = f", {CURVES_FILE}" if config.save_plots else ""
-    written = [f"model, tokenizer, README.md (model card){curves}"] if config.do_train else []
+    card_listed = ", README.md (model card)" if card_written else ""
+    written = [f"model, tokenizer{card_listed}{curves}"] if config.do_train else []
     written += ["predictions.jsonl"] if predictions is not None else []
     logged = config.do_train or bool(run.eval_loaders)
     written.append(

@@ -257,10 +257,19 @@ def test_output_dir_that_cannot_be_used(case, flag, value, expected, good, finis
 
 
 def test_finished_output_dir_is_refused_and_kept(tiny_model_dir, nli_files, finished, capsys):
-    last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, finished), finished, "", capsys)
+    same = ["--max_train_steps", "10", "--checkpointing_steps", "5"]
+    last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, finished, *same), finished, "", capsys)
     assert last == (
         f"error: --output_dir {finished} holds a finished run (results.json); choose another folder, or "
         "pass --overwrite_output_dir to replace that run"
+    )
+    # Another run's flags: named, old and new, since --overwrite_output_dir deletes that run's model.
+    other = tiny_args(tiny_model_dir, nli_files, finished, "--max_train_steps", "12", "--seed", "7")
+    last = fails_cleanly(other, finished, "", capsys)
+    assert last == (
+        f"error: --output_dir {finished} holds a finished run (results.json) with --max_train_steps 10, "
+        "--seed 42; this run has --max_train_steps 12, --seed 7; relaunch with that run's settings to keep "
+        "it, choose another folder, or pass --overwrite_output_dir to delete that run's model and train again"
     )
 
 
@@ -401,19 +410,24 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(
 
 
 @pytest.mark.parametrize(
-    ("fault", "at", "expected"),
+    ("fault", "at", "flags", "expected"),
     [
-        ("oom", 1, "out of memory at step 1 with --per_device_train_batch_size 16"),
-        ("nan", 7, "the loss became NaN or inf at step 7; the last good checkpoint is"),
+        ("oom", 1, [], "out of memory at step 1 with --per_device_train_batch_size 16"),
+        ("nan", 7, [], "lower --learning_rate or --max_grad_norm (now 1)"),
+        # Clipping off: lowering --max_grad_norm 0 would do nothing; turning it on is what applies.
+        ("nan", 7, ["--max_grad_norm", "0"], "clip the gradients with --max_grad_norm 1.0 (clipping is off)"),
     ],
 )
 def test_oom_and_nan_stop_with_advice(
-    fault, at, expected, tiny_model_dir, nli_files, finished, tmp_path, capsys
+    fault, at, flags, expected, tiny_model_dir, nli_files, finished, tmp_path, capsys
 ):
     out = tmp_path / "out"
-    args = tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "5")
+    args = tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "5", *flags)
     last = fails_cleanly(args, finished, expected, capsys, build=with_fault(fault, at), exit_code=1)
     if fault == "nan":
+        assert "the loss became NaN or inf at step 7; the last good checkpoint is" in last
+        assert "bf16 instead of fp16" not in last  # it ran fp32 on CPU
+        assert ("or --max_grad_norm (now" in last) == (not flags)
         assert "checkpoint-5" in last
         assert (out / "checkpoint-5" / "trainer_state.json").exists() and not (out / "checkpoint-10").exists()
 

@@ -435,3 +435,47 @@ def test_sigterm_during_the_export_of_a_run_without_checkpoints_loses_no_trainin
     expected = json.loads((unbroken / "results.json").read_text())
     assert results["train_samples"] == expected["train_samples"]
     assert results["best_evaluation"] == expected["best_evaluation"]
+
+
+def finetune_launch(*script_and_args: str) -> list[str]:
+    """`python -m finetune.launch` (accelerate launch's options) with the 2-process CPU config."""
+    config = "accelerate_configs/cpu_multiprocess.yaml"
+    return [PYTHON, "-m", "finetune.launch", "--config_file", config, "--main_process_port", str(free_port()),
+            *script_and_args]  # fmt: skip
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("target", ["rank 1", "launcher"])
+def test_a_launch_stopped_by_sigterm_exits_143_without_a_traceback(
+    target, tiny_model_dir, nli_files, tmp_path
+):
+    """SIGTERM to one rank (or to the launcher, which forwards it): both ranks checkpoint the same step
+    and exit 143, and the launch exits 143 too, with no traceback, so a scheduler that requeues on 143
+    does. `accelerate launch` exits 1 here with torch elastic's ChildFailedError (every non-zero exit of a
+    worker is a failure to its agent)."""
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "8", "--checkpointing_steps", "50")
+    told = signal_at(3, "TERM", ranks="1")
+    if target == "launcher":
+        told = {**told, "TARGET": "launcher"}
+    stopped = run_cli(finetune_launch("tests/probes/signal_at_step.py", *args), env=told)
+    log = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 143 and "Traceback" not in log, log[-3000:]
+    lines = [line for line in re.split(r"[\r\n]", log) if line.startswith("stopped by SIGTERM after step ")]
+    assert len(lines) == 1 and lines[0].startswith("stopped by SIGTERM after step 3; checkpoint saved to ")
+    state = json.loads((out / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["identity"]["world_size"] == 2  # two real ranks stopped together
+    assert not (out / "results.json").exists()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("codes", "expected"),
+    [("143,143", 143), ("130,130", 130), ("143,1", 1), ("0,1", 1)],
+)
+def test_only_ranks_stopped_by_a_signal_make_the_launch_exit_their_code(codes, expected):
+    """Real workers, exits decided: a rank that failed (1) first is still the launch's failure, reported
+    by torch elastic as accelerate launch reports it; only stopped ranks (143, 130) give their code."""
+    done = run_cli(finetune_launch("tests/probes/exit_codes.py"), env={"CODES": codes, "DELAY_S": "1"})
+    assert done.returncode == expected, done.stderr[-3000:]
+    assert ("ChildFailedError" in done.stderr) == (expected == 1)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 
 import pytest
 
 from finetune.config.identity import run_identity
 from finetune.config.parser import parse_config
 from finetune.mnli import cli, main
-from tests.helpers import reset_accelerate, tiny_args
+from tests.helpers import reset_accelerate, retrained_in_place, tiny_args
 
 
 def test_flags_are_never_changed_by_the_run(tiny_model_dir, nli_files, tmp_path):
@@ -57,3 +58,23 @@ def test_a_finished_lora_run_relaunched_with_other_targets_is_refused(
     assert "nothing to resume" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert os.path.isdir(out / "checkpoint-4")
+
+
+def test_a_resume_after_the_base_was_retrained_in_place_is_refused(
+    tiny_model_dir, nli_files, tmp_path, capsys
+):
+    """The same config, file names and sizes, other weights: resuming would mix two models' updates.
+    Refused naming the file, the run's folder untouched."""
+    base = shutil.copytree(tiny_model_dir, tmp_path / "base")
+    out = tmp_path / "out"
+    args = tiny_args(base, nli_files, out, "--max_train_steps", "4", "--checkpointing_steps", "2")
+    main(args)
+    reset_accelerate()
+    (out / "results.json").unlink()  # as if stopped after its last checkpoint
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    retrained_in_place(base)
+    assert cli([*args, "--resume_from_checkpoint", "auto"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"checkpoint-4 was saved from the model in {base.resolve()} as it was then (model file " in err
+    assert "model.safetensors" in err and "resume with the model as it was, or start a new run" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before

@@ -282,3 +282,16 @@ def test_lora_on_a_decoder_trains_its_score_head_and_exports_merged(tiny_decoder
     config = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert "score" in config["modules_to_save"] and config["task_type"] == "SEQ_CLS"
     assert results["trainable_parameters"] < results["total_parameters"] / 10
+
+
+def test_the_exported_adapter_folder_as_the_model_is_one_line(lora_trained, nli_files, tmp_path, capsys):
+    """adapter/ as --model_name_or_path: transformers loads its base through peft, then fails on the
+    tokenizer the folder lacks ("Couldn't instantiate the backend tokenizer"). One line naming the
+    merged model beside it and the base, before anything is written."""
+    output_dir = lora_trained[0]
+    out = tmp_path / "out"
+    assert cli(tiny_args(output_dir / "adapter", nli_files, out, "--max_train_steps", "1")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"error: --model_name_or_path {output_dir / 'adapter'} is a LoRA adapter"), err
+    assert f"give --model_name_or_path {output_dir} (the merged model)" in err and "its base model (" in err
+    assert "Traceback" not in err and not out.exists()

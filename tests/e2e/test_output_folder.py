@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from finetune.mnli import cli
+from finetune.output.card import is_model_card
 from tests.helpers import reset_accelerate, snapshot, tiny_args
 
 
@@ -35,8 +36,19 @@ def test_a_folder_holding_another_model_and_a_readme_is_refused_and_the_readme_k
     model_before = (out / "model.safetensors").read_bytes()
     assert cli([*args, "--overwrite_output_dir"]) == 0
     assert (out / "README.md").read_text() == "# My notes on this model\n"
-    assert f"{out / 'README.md'} is not a model card of finetune's: kept as it is" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"{out / 'README.md'} is not a model card of finetune's: kept as it is" in said
+    # The closing list of what was written names only what this run wrote: not the user's README.
+    listed = [line for line in said.splitlines() if line.startswith("model, tokenizer")]
+    assert len(listed) == 1 and "README.md" not in listed[0], said[-2000:]
     assert (out / "model.safetensors").read_bytes() != model_before and (out / "results.json").exists()
+    # Without it, the card this run writes is listed.
+    (out / "README.md").unlink()
+    reset_accelerate()
+    assert cli([*args, "--overwrite_output_dir"]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("model, tokenizer")]
+    assert listed[0].startswith("model, tokenizer, README.md (model card)")
+    assert is_model_card(out / "README.md")
 
 
 def test_an_export_stopped_before_results_json_is_protected_from_another_run(

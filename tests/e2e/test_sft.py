@@ -244,3 +244,38 @@ def test_a_chat_file_without_an_assistant_turn_is_refused_before_the_model_loads
         "--assistant_only_loss false"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_without_an_eos_token_trains_where_its_template_ends_turns(chat, tmp_path, capsys):
+    """Qwen-style: no eos_token in tokenizer_config.json, <|im_end|> ending every turn (and in
+    generation_config.json's eos_token_id): the turn-end token is the EOS, rows end with it, generation
+    stops at it. Only a tokenizer with nothing that ends a turn is refused."""
+    from transformers import GenerationConfig
+
+    from finetune.mnli import cli
+    from tests.chat_models import IM_END
+
+    folder = shutil.copytree(chat["model"], tmp_path / "no-eos")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("eos_token", None)
+    config.pop("pad_token", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "special_tokens_map.json").unlink(missing_ok=True)
+    assert AutoTokenizer.from_pretrained(folder).eos_token is None
+    out = tmp_path / "out"
+    args = with_flag(sft_args(chat, out, "--max_train_steps", "2"), "--model_name_or_path", str(folder))
+    assert cli(args) == 0, capsys.readouterr().err[-2000:]
+    im_end = AutoTokenizer.from_pretrained(out).convert_tokens_to_ids(IM_END)
+    assert AutoTokenizer.from_pretrained(out).eos_token == IM_END
+    assert im_end in torch.tensor(GenerationConfig.from_pretrained(out).eos_token_id).flatten().tolist()
+    reset_accelerate()
+    # Nothing ends a turn: refused in one line.
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    text = write_jsonl(tmp_path / "text.jsonl", [{"text": "say red"}] * 4)
+    plain = with_flag(with_flag(args, "--train_file", str(text)), "--output_dir", str(tmp_path / "plain"))
+    plain = with_flag(plain, "--validation_file", str(text))
+    assert cli(plain) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "its tokenizer has no EOS token and no chat template ending a turn with a special token" in err

@@ -16,7 +16,7 @@ from finetune.errors import ConfigError
 from finetune.mnli import main
 from tests.chat_models import IM_END, build_tiny_lm
 from tests.e2e.test_sft import WORDS, write_jsonl
-from tests.helpers import read_jsonl
+from tests.helpers import read_jsonl, with_flag
 from tests.warm_ranks import run_ranks
 
 
@@ -218,3 +218,25 @@ def test_refusals_name_the_flag_or_file_and_the_fix(repeater, tmp_path):
         main(argv)
     assert refused.value.flag == "--test_file" and str(tmp_path / "text.jsonl") in str(refused.value)
     assert "`prompt`" in refused.value.fix and "\n" not in str(refused.value)
+
+
+def test_a_finished_run_predicts_at_another_generation_length(tmp_path, capsys):
+    """--generation_max_new_tokens without --predict_with_generate sets only the predictions' length: a
+    finished run relaunched with --do_predict and another length predicts with its model, untrained
+    again (it was refused as another run, whose fix, --overwrite_output_dir, deleted the model)."""
+    from finetune.mnli import cli
+
+    build_tiny_lm("llama", tmp_path / "llama")
+    write_jsonl(tmp_path / "train.jsonl", [{"messages": say(word)} for word in WORDS])
+    write_jsonl(tmp_path / "validation.jsonl", [{"messages": messages} for messages in VALIDATION[:2]])
+    write_jsonl(tmp_path / "prompts.jsonl", [{"messages": messages[:-1]} for messages in VALIDATION[:2]])
+    out = tmp_path / "out"
+    args = [a for a in sft_args(tmp_path, out) if a not in ("--predict_with_generate", "--do_predict")]
+    args += ["--train_file", str(tmp_path / "train.jsonl"), "--max_train_steps", "2"]
+    main(args)
+    model = (out / "model.safetensors").read_bytes()
+    relaunched = with_flag(args, "--generation_max_new_tokens", "3")
+    assert cli([*relaunched, "--do_predict", "--resume_from_checkpoint", "auto"]) == 0
+    assert "predictions.jsonl (2 rows, by the finished run's model)" in capsys.readouterr().out
+    assert (out / "model.safetensors").read_bytes() == model
+    assert len(read_jsonl(out / "predictions.jsonl")) == 2

@@ -156,3 +156,35 @@ def test_gloo_problem_is_none_where_the_host_name_gives_an_address_of_this_machi
         pytest.skip("no route off this machine: no address of it but loopback")
     monkeypatch.setattr(socket, "gethostname", lambda: own)
     assert gloo_problem({"MASTER_ADDR": "192.0.2.1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}) is None
+
+
+@pytest.mark.parametrize(
+    ("exits", "expected"),
+    [
+        ([143, 143], 143),
+        ([143, -15], 143),  # the agent's SIGTERM ended the rank still exiting
+        ([-15, 143], 143),  # in either order: failures are ordered by the second
+        ([130, -15], 130),  # Ctrl-C: the agent's SIGTERM is not the user's signal
+        ([143, 130], 143),
+        ([143, 1], None),  # a rank failed: the launch's failure, as torch reports it
+        ([-15, -15], None),  # killed, never said it stopped
+        ([1], None),
+    ],
+)
+def test_a_launch_whose_ranks_were_stopped_exits_with_the_stop_code(exits, expected):
+    """torch elastic's own exception types, as its agent raises them (real launches:
+    tests/e2e/test_fault_tolerance.py)."""
+    import signal
+    import subprocess
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from finetune.distributed.signals import stopped_launch_code
+
+    failures = {rank: ProcessFailure(rank, 1000 + rank, code, "<N/A>") for rank, code in enumerate(exits)}
+    assert stopped_launch_code(ChildFailedError("mnli.py", failures)) == expected
+    assert stopped_launch_code(SignalException("got signal", signal.SIGTERM)) == 143
+    assert stopped_launch_code(subprocess.CalledProcessError(143, ["python"])) == 143
+    assert stopped_launch_code(subprocess.CalledProcessError(1, ["python"])) is None
+    assert stopped_launch_code(ValueError("other")) is None

@@ -21,7 +21,7 @@ from finetune.config.parser import parse_config
 from finetune.config.train_config import TrainConfig
 from finetune.errors import ConfigError
 from finetune.output.prerun import finished_run
-from tests.helpers import refused, tiny_args, with_flag
+from tests.helpers import refused, retrained_in_place, tiny_args, with_flag
 
 
 def identity_of(argv: list[str], world_size: int = 1) -> dict:
@@ -136,9 +136,78 @@ def test_a_finished_run_is_found_only_by_its_own_identity(tiny_model_dir, nli_fi
     out.mkdir()
     (out / "results.json").write_text(json.dumps({"global_step": 9}))
     (out / "train_config.json").write_text(json.dumps({"identity": identity_of(args)}))
-    for same in ([], ["--do_predict", "--test_file", "x.csv"], ["--report_to", "tensorboard"]):
+    predict = ["--do_predict", "--test_file", "x.csv"]
+    # Without --predict_with_generate the length of a generation sets only the predictions' length.
+    longer = [*predict, "--generation_max_new_tokens", "32"]
+    for same in ([], predict, ["--report_to", "tensorboard"], longer):
         config = parse_config([*args, *same])
         assert finished_run(config, run_identity(config, 1)) == {"global_step": 9}
     for other in (["--label_separator", ";"], ["--class_weights", "balanced"], ["--seed", "1"]):
         config = parse_config([*args, *other])
         assert finished_run(config, run_identity(config, 1)) is None
+
+
+def test_generation_length_is_the_same_run_unless_evaluations_generate(tiny_model_dir, nli_files, tmp_path):
+    """--generation_max_new_tokens decides the run only through --predict_with_generate's evaluations
+    (their eval_exact_match can pick the model); otherwise only the predictions' length."""
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out")
+    assert differences(identity_of(args), identity_of([*args, "--generation_max_new_tokens", "32"])) == []
+    generating = [*args, "--predict_with_generate"]
+    assert differences(
+        identity_of(generating), identity_of([*generating, "--generation_max_new_tokens", "32"])
+    ) == ["generation_max_new_tokens"]
+    # A run recorded with it (before it was left out) is still the same run.
+    recorded = {**identity_of(args), "generation_max_new_tokens": 128}
+    assert differences(recorded, identity_of([*args, "--generation_max_new_tokens", "32"])) == []
+
+
+def test_a_finished_run_in_the_folder_is_refused_naming_what_differs(tiny_model_dir, nli_files, tmp_path):
+    """Relaunched without resuming it: the refusal names the flags (old -> new), since following
+    --overwrite_output_dir deletes that run's model and trains again."""
+    from finetune.output.prerun import check_output_dir
+
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out)
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({"global_step": 9}))
+    (out / "train_config.json").write_text(json.dumps({"identity": identity_of(args)}))
+    config = parse_config([*args, "--warmup_steps", "3"])
+    with refused("--warmup_steps", "--overwrite_output_dir") as error:
+        check_output_dir(config, False, run_identity(config, 1))
+    assert "with --warmup_steps 0; this run has --warmup_steps 3" in str(error.value)
+    with refused("--output_dir", "--overwrite_output_dir") as error:
+        check_output_dir(parse_config(args), False, identity_of(args, world_size=2))
+    assert "with processes 1; this run has processes 2" in str(error.value)
+
+
+@pytest.mark.parametrize("whole_file_bytes", [None, 1024], ids=["hashed whole", "sampled per tensor"])
+def test_a_base_retrained_in_place_is_another_model(
+    whole_file_bytes, tiny_model_dir, nli_files, tmp_path, monkeypatch
+):
+    """Same config, names and sizes (what `model` fingerprints): `model_files` tells it by content, and
+    the resume is refused naming the file. Above WHOLE_FILE_BYTES (1 KiB here: the path multi-GB weights
+    take) each tensor is sampled, so a retrained head alone is seen too; rewriting the same bytes is not
+    a change."""
+    from finetune.config import model_files
+
+    if whole_file_bytes:
+        monkeypatch.setattr(model_files, "WHOLE_FILE_BYTES", whole_file_bytes)
+    base = shutil.copytree(tiny_model_dir, tmp_path / "base")
+    args = tiny_args(base, nli_files, tmp_path / "out")
+    saved = identity_of(args)
+    (base / "model.safetensors").write_bytes((base / "model.safetensors").read_bytes())  # same bytes
+    assert differences(saved, identity_of(args)) == []
+    retrained_in_place(base, only="classifier.weight")
+    now = identity_of(args)
+    assert differences(saved, now) == ["model_files"]
+    with refused("--model_name_or_path", "resume with the model as it was") as error:
+        refuse_other_run(saved, now, tmp_path / "checkpoint-4")
+    message = str(error.value)
+    assert (
+        f"was saved from the model in {base.resolve()} as it was then (model file model.safetensors "
+        in message
+    )
+    assert "config.json" not in message  # only the file that changed is named
+    # A run recorded before model_files existed compares as before.
+    older = {k: v for k, v in saved.items() if k != "model_files"}
+    assert differences(older, now) == []

@@ -205,3 +205,27 @@ def test_document_weighting_needs_sliding_window_and_is_its_default():
     assert differences({"seed": 1}, {"seed": 1, "window_loss_weighting": "document"}) == [
         "window_loss_weighting"
     ]
+
+
+@pytest.mark.parametrize(
+    ("task_type", "flags", "flag"),
+    [
+        ("causal_lm", {"doc_stride": 16}, "--doc_stride"),
+        ("causal_lm", {"window_loss_weighting": "document"}, "--window_loss_weighting"),
+        ("token_classification", {"window_loss_weighting": "document"}, "--window_loss_weighting"),
+    ],
+)
+def test_window_flags_on_a_family_without_sliding_window_advise_dropping_them(task_type, flags, flag):
+    """These families refuse --long_documents sliding_window (their REFUSED tables), so advising it only
+    moved the refusal: the fix is to drop the flag, and with it dropped the config is taken."""
+    from finetune.families.causal_lm.family import REFUSED as CAUSAL_REFUSED
+    from finetune.families.token_classification.family import REFUSED as TAGGING_REFUSED
+
+    refuses = {"causal_lm": CAUSAL_REFUSED, "token_classification": TAGGING_REFUSED}[task_type]
+    assert refuses["long_documents"][0] == "truncate"  # the old advice, refused by the family
+    files = {"train_file": "t.jsonl", "validation_file": "v.jsonl"}
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig(task_type=task_type, **files, **flags)
+    assert refused.value.flag == flag and refused.value.fix == f"drop {flag}"
+    assert "sliding_window" not in str(refused.value).split("; ")[-1]
+    assert TrainConfig(task_type=task_type, **files).long_documents == "truncate"

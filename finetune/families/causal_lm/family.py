@@ -25,6 +25,7 @@ from finetune.families.causal_lm.batches import (
     row_losses,
     target_loss,
 )
+from finetune.families.causal_lm.conversations import end_of_turn
 from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits, source_of
 from finetune.families.causal_lm.generation import (
     PROMPTS,
@@ -314,14 +315,22 @@ def _refuse_without_lm_head(name: str, config) -> None:
 
 
 def _fit_tokenizer(model, tokenizer) -> list[str]:
-    """A pad token for batches (the EOS token, as TRL does: padding is never a target, so it is never
-    learnt), set in the model's config too; a tokenizer with neither is refused."""
-    if tokenizer.eos_token_id is None:
-        raise ConfigError(
-            f"--model_name_or_path {model.name_or_path}: its tokenizer has no EOS token, so a completion "
-            "could never end; give a tokenizer with one"
-        )
+    """An EOS token, and a pad token for batches (the EOS token, as TRL does: padding is never a target,
+    so it is never learnt), set in the model's config too. A tokenizer without an EOS whose chat template
+    ends turns with a special token (<|im_end|>) takes that token as its EOS: rows end with it, and
+    generation stops at it (prepare_generation lists it, as the model's own generation config often
+    does). Refused only when nothing ends a turn."""
     changes = []
+    if tokenizer.eos_token_id is None:
+        ends = end_of_turn(tokenizer)
+        if not ends:
+            raise ConfigError(
+                f"--model_name_or_path {model.name_or_path}: its tokenizer has no EOS token and no chat "
+                "template ending a turn with a special token, so a completion could never end; give a "
+                "tokenizer with an eos_token, or --chat_template FILE.jinja that ends turns with one"
+            )
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(ends[0])
+        changes.append(f"eos_token={tokenizer.eos_token} (the chat template's end of turn)")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
         changes.append(f"pad_token={tokenizer.eos_token} (the EOS token)")
