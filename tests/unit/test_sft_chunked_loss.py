@@ -3,7 +3,8 @@ the unchunked loss, per-row evaluation losses and every parameter's gradient, on
 Qwen2 with its head tied to the embeddings, Gemma 2 with its final logit soft-cap; with LoRA on the head
 or the head trained in full beside adapters; packed; in fp32 and under bf16 autocast. Nothing as large as
 the targets' logits is kept for the backward; an adapter's dropout on the head draws the same mask when
-a chunk is recomputed; a model whose logits are scaled after the layer keeps the whole loss, and
+a chunk is recomputed; the family's step under Accelerate's bf16 autocast gives the whole loss; a model
+whose logits are scaled after the layer keeps the whole loss, and
 --chunked_loss true is refused for it."""
 
 from __future__ import annotations
@@ -288,3 +289,41 @@ def test_chunked_loss_flags_are_for_causal_lm():
         parse_config(["--task_type", "causal_lm", *files, "--chunked_loss_tokens", "0"])
     config = parse_config(["--task_type", "causal_lm", *files, "--chunked_loss_tokens", "64"])
     assert config.chunked_loss == "auto" and config.chunked_loss_tokens == 64
+
+
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_the_familys_step_under_accelerates_autocast_gives_the_whole_loss_and_gradients(precision):
+    """CausalLM.forward_backward on a model Accelerate prepared (it autocasts the model's forward alone):
+    the chunks' output layer runs under the same autocast, so in bf16 the chunked loss is the whole one,
+    not the fp32 loss an output layer outside autocast would give."""
+    from accelerate import Accelerator
+
+    from finetune.families.causal_lm.family import CausalLM
+    from finetune.training.evaluation import without_autocast
+    from tests.helpers import reset_accelerate
+
+    reset_accelerate()
+    accelerator = Accelerator(cpu=True, mixed_precision=precision)
+    model = accelerator.prepare(with_lora(tiny("qwen2"), "head"))
+    family, batch = CausalLM(), batch_of(seed=4)
+    family.head_at_targets = True
+
+    def step(chunks: int | None):
+        model.zero_grad()
+        family.chunk_tokens = chunks
+        summed, count, rows = family.forward_backward(model, accelerator, None, dict(batch), 1)
+        return float(summed), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    whole, chunked = step(None), step(CHUNK)
+    assert chunked[0] == pytest.approx(whole[0], rel=1e-6)
+    for name, grad in whole[1].items():
+        if precision == "bf16":  # as in the test above: each chunk's share rounded to bf16
+            bits = 2**-7 * float(grad.abs().max())
+            torch.testing.assert_close(chunked[1][name], grad, rtol=2**-7, atol=bits, msg=name)
+        else:
+            torch.testing.assert_close(chunked[1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    if precision == "bf16":  # autocast made a difference that the chunks kept
+        with without_autocast(model):
+            fp32 = step(None)[0]
+        assert abs(fp32 - whole[0]) > 1e-4 * whole[0]
+    reset_accelerate()
