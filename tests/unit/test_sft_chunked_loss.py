@@ -4,8 +4,7 @@ Qwen2 with its head tied to the embeddings, Gemma 2 with its final logit soft-ca
 or the head trained in full beside adapters; packed; in fp32 and under bf16 autocast. Nothing as large as
 the targets' logits is kept for the backward; an adapter's dropout on the head draws the same mask when
 a chunk is recomputed; the family's step under Accelerate's bf16 autocast gives the whole loss; a model
-whose logits are scaled after the layer keeps the whole loss, and
---chunked_loss true is refused for it."""
+whose logits are scaled after the layer keeps the whole loss, and --chunked_loss true is refused for it."""
 
 from __future__ import annotations
 
