@@ -46,7 +46,8 @@ class SystemArgs:
     targets x vocabulary (TRL's and torchtune's chunked losses; Liger's fused one). The same loss and
     gradients to rounding, for one more forward matmul of the output layer per chunk; a micro-batch whose
     targets fit one chunk is computed whole. auto: on wherever the model's logits are its output layer's
-    (checked at load; Gemma 2's final soft-cap included) and nothing compiles it; its speed against false
+    (checked at load; Gemma 2's final soft-cap included), nothing compiles it and FSDP does not shard it (not
+    yet tested); its speed against false
     is to be measured (benchmarks/bench_chunked_loss.py). true refuses where it cannot be on; false: the
     whole [targets, vocabulary] logits at once."""
     chunked_loss_tokens: int | None = None

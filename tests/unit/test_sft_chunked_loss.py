@@ -168,6 +168,21 @@ def test_a_packed_batch_gives_the_same_chunked_loss_and_gradients(lora):
         torch.testing.assert_close(chunked[2][name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_the_chunks_under_gradient_checkpointing_give_the_same_gradients():
+    """--gradient_checkpointing recomputes the layers in the backward, the chunks their logits: both
+    recomputations together give the whole loss's gradients."""
+    model = with_lora(tiny("qwen2"), "head")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    batch = batch_of(seed=3)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    whole = loss_and_grads(model, batch, inputs, None, contextlib.nullcontext)
+    chunked = loss_and_grads(model, batch, inputs, CHUNK, contextlib.nullcontext)
+    assert chunked[0] == pytest.approx(whole[0], rel=1e-5) and chunked[2].keys() == whole[2].keys()
+    for name, grad in whole[2].items():
+        torch.testing.assert_close(chunked[2][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_evaluation_in_chunks_gives_each_rows_losses(precision):
     model = tiny("gemma2").eval()
@@ -237,7 +252,8 @@ def test_an_adapters_dropout_on_the_head_draws_the_same_mask_when_a_chunk_is_rec
             parts = zip(kept[0].split(CHUNK), targets.split(CHUNK), strict=True)
             summed = sum(functools.partial(_summed, head)(h, t) for h, t in parts)
         summed.backward()
-        return float(summed), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return float(summed.detach()), grads
 
     kept_whole, recomputed = grads(False), grads(True)
     assert recomputed[0] == pytest.approx(kept_whole[0], rel=1e-6)
@@ -254,20 +270,24 @@ def test_a_model_whose_logits_are_scaled_after_the_layer_keeps_the_whole_loss():
     )  # fmt: skip
     model = AutoModelForCausalLM.from_config(config)
     assert not chunks_the_loss(model)
-    auto = SimpleNamespace(chunked_loss="auto", chunked_loss_tokens=None)
-    assert resolve_chunked_loss(auto, model, head_at_targets=True, compiled=False) is None
+
+    def flags(asked: str, tokens: int | None = None):
+        return SimpleNamespace(chunked_loss=asked, chunked_loss_tokens=tokens)
+
+    assert resolve_chunked_loss(flags("auto"), model, head_at_targets=True, compiled=False) is None
     with refused("--chunked_loss", "use --chunked_loss auto or false"):
-        resolve_chunked_loss(
-            SimpleNamespace(chunked_loss="true", chunked_loss_tokens=None), model, True, False
-        )
+        resolve_chunked_loss(flags("true"), model, True, False)
     llama = tiny("llama")
-    assert resolve_chunked_loss(auto, llama, True, False) == chunk_tokens_for(VOCAB, None)
-    assert (
-        resolve_chunked_loss(SimpleNamespace(chunked_loss="false", chunked_loss_tokens=9), llama, True, False)
-        is None
-    )
+    assert resolve_chunked_loss(flags("auto"), llama, True, False) == chunk_tokens_for(VOCAB, None)
+    assert resolve_chunked_loss(flags("true", 9), llama, True, False) == 9
+    assert resolve_chunked_loss(flags("false", 9), llama, True, False) is None
+    assert resolve_chunked_loss(flags("auto", 9), llama, False, False) is None  # heads_at_targets failed
+    assert resolve_chunked_loss(flags("auto", 9), llama, True, True) is None  # compiled
     with refused("--chunked_loss", "use --chunked_loss auto or false"):
-        resolve_chunked_loss(SimpleNamespace(chunked_loss="true", chunked_loss_tokens=9), llama, True, True)
+        resolve_chunked_loss(flags("true", 9), llama, True, True)
+    assert resolve_chunked_loss(flags("auto"), llama, True, False, sharded=True) is None  # FSDP
+    with refused("--chunked_loss", "use --chunked_loss auto or false"):
+        resolve_chunked_loss(flags("true"), llama, True, False, sharded=True)
 
 
 def test_default_chunks_hold_about_2_25_logits_in_whole_tiles():
