@@ -63,6 +63,8 @@ LEFT_OUT = {
     "padding_free": _SPEED,
     "pad_to_multiple_of": _SPEED,
     "keep_freed_memory": _SPEED,
+    "chunked_loss": f"{_SPEED} (the same loss summed in another order)",
+    "chunked_loss_tokens": f"{_SPEED} (the same loss summed in another order)",
     "torch_compile": _SPEED,
     "torch_compile_mode": _SPEED,
     "torch_compile_regional": _SPEED,

@@ -40,6 +40,10 @@ class Resolved:
     """The trackers the run logs to (auto: wandb where this machine is logged in to W&B, else none)."""
     logging_steps: int
     """The flag's steps, or about 20 log lines over the run's updates (see --logging_steps)."""
+    chunked_loss: str = "false"
+    """true or false (auto: see --chunked_loss); false for the families that have no vocabulary."""
+    chunked_loss_tokens: int | None = None
+    """Target tokens per chunk where --chunked_loss is on (see --chunked_loss_tokens); else None."""
 
 
 # Evaluation batches when --per_device_eval_batch_size is unset, at --max_length 128 (measured in

@@ -40,6 +40,19 @@ class SystemArgs:
     embedding gradient, at the cost of keeping memory freed after the peak. auto: on when the CPU trains in
     bf16, where the saved faults pay; off in fp32, where they do not (docs/benchmarks.md); false leaves
     glibc's own behaviour untouched."""
+    chunked_loss: AutoSwitch = "auto"
+    """causal_lm: run the output layer and cross-entropy over chunks of --chunked_loss_tokens target tokens,
+    each chunk's logits recomputed in the backward pass instead of kept, so memory no longer grows with
+    targets x vocabulary (TRL's and torchtune's chunked losses; Liger's fused one). The same loss and
+    gradients to rounding, for one more forward matmul of the output layer per chunk; a micro-batch whose
+    targets fit one chunk is computed whole. auto: on wherever the model's logits are its output layer's
+    (checked at load; Gemma 2's final soft-cap included), nothing compiles it and FSDP does not shard it (not
+    yet tested); its speed against false
+    is to be measured (benchmarks/bench_chunked_loss.py). true refuses where it cannot be on; false: the
+    whole [targets, vocabulary] logits at once."""
+    chunked_loss_tokens: int | None = None
+    """causal_lm, with --chunked_loss: target tokens per chunk; default: as many as make 2**25 logits (128 MB
+    in fp32), in multiples of 128: 640 at a 49,152-token vocabulary, 256 at 128,256."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass instead of storing them: less memory, one more
     forward pass of compute per step."""
@@ -85,6 +98,9 @@ class SystemArgs:
         """Checks of this group's flags alone; --torch_compile_mode implies --torch_compile."""
         if self.dataloader_num_workers < 0:
             raise ConfigError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
+        tokens = self.chunked_loss_tokens
+        if tokens is not None and tokens <= 0:
+            raise ConfigError(f"--chunked_loss_tokens must be a positive integer or left unset, got {tokens}")
         if self.ddp_bucket_cap_mb <= 0:
             raise ConfigError(f"--ddp_bucket_cap_mb must be a positive integer, got {self.ddp_bucket_cap_mb}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:

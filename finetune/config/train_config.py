@@ -100,6 +100,14 @@ def check_across_groups(config: TrainConfig) -> None:
             "classifier's folder without it",
             flag="--gguf_file",
         )
+    asked_chunks = config.chunked_loss == "true" or config.chunked_loss_tokens is not None
+    if asked_chunks and config.task_type != "causal_lm":
+        flag = "--chunked_loss true" if config.chunked_loss == "true" else "--chunked_loss_tokens"
+        raise ConfigError(
+            f"{flag} chunks a causal LM's loss over its vocabulary; drop it for --task_type "
+            f"{config.task_type}",
+            flag=flag.split()[0],
+        )
     if config.eval_strategy == "steps" and config.eval_steps is None:
         # --logging_steps, as Hugging Face Trainer does; unset: its fixed default, not the run's resolved
         # one, which would evaluate a short run at every step

@@ -69,6 +69,7 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"dropout_kernel={config.dropout_kernel} padding_free={config.padding_free} "
         f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
         f"cuda_graphs={config.cuda_graphs} "
+        f"{f'chunked_loss={config.chunked_loss} ' if config.task_type == 'causal_lm' else ''}"
         f"pad_to_multiple_of={config.pad_to_multiple_of} "
         f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
         f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"

@@ -1,8 +1,8 @@
 """Generative fine-tuning (`--task_type causal_lm`) on a tiny random Llama with ChatML: one update's loss
 is the mean over every target token of the window, however the window is cut (one batch, accumulation,
-two processes, --packing), and equals plain PyTorch's on the same rows; evaluation weighs tokens alike
-on any number of processes and batch sizes; a packed run resumes bitwise; the exported model chats
-through `pipeline`."""
+two processes, --packing) and whether the loss runs whole or in chunks (--chunked_loss_tokens), and equals
+plain PyTorch's on the same rows; evaluation weighs tokens alike on any number of processes and batch
+sizes; a packed run resumes bitwise; the exported model chats through `pipeline`."""
 
 from __future__ import annotations
 
@@ -102,22 +102,29 @@ def reference_loss_and_norm(chat, max_length: int = 64) -> tuple[float, float]:
     return float(loss), float(norm)
 
 
-def test_one_update_is_the_mean_over_every_target_token_however_the_window_is_cut(chat, tmp_path):
-    """Batch 24; 6 x 4 accumulation; 2 processes x 4 x 3: the same logged loss and gradient norm, equal to
-    plain PyTorch's on the same rows; and the same eval_loss for evaluation batches of 64, 3 and 2 (on 2
-    processes, 7 validation rows: one rank gets a repeated row, counted once)."""
+def test_one_update_is_the_mean_over_every_target_token_however_the_window_is_cut(chat, tmp_path, capsys):
+    """Batch 24, the loss whole; 6 x 4 accumulation and 2 processes x 4 x 3, the loss in chunks of 8
+    target tokens (--chunked_loss true, training and evaluation): the same logged loss and gradient norm,
+    equal to plain PyTorch's on the same rows; and the same eval_loss for evaluation batches of 64, 3 and
+    2 (on 2 processes, 7 validation rows: one rank gets a repeated row, counted once)."""
     one = tmp_path / "one"
-    main(sft_args(chat, one, *ONE_UPDATE, "--per_device_train_batch_size", "24"))
+    main(sft_args(chat, one, *ONE_UPDATE, "--per_device_train_batch_size", "24", "--chunked_loss", "false"))
+    assert "chunked_loss=false" in capsys.readouterr().out  # the start line
+    chunks = ("--chunked_loss", "true", "--chunked_loss_tokens", "8")
     cut = tmp_path / "accumulated"
-    main(sft_args(chat, cut, *ONE_UPDATE, "--per_device_train_batch_size", "6",
+    main(sft_args(chat, cut, *ONE_UPDATE, *chunks, "--per_device_train_batch_size", "6",
                   "--gradient_accumulation_steps", "4", "--per_device_eval_batch_size", "3"))  # fmt: skip
+    assert "chunked_loss=true" in capsys.readouterr().out
     two = tmp_path / "two"
     split = ("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "3",
              "--per_device_eval_batch_size", "2")  # fmt: skip
-    ranks = run_ranks(sft_args(chat, two, *ONE_UPDATE, *split))
+    ranks = run_ranks(sft_args(chat, two, *ONE_UPDATE, *chunks, *split))
     assert ranks.returncode == 0, ranks.stderr[-3000:]
     results = [json.loads((out / "results.json").read_text()) for out in (one, cut, two)]
     assert [r["world_size"] for r in results] == [1, 1, 2]
+    resolved = [json.loads((out / "train_config.json").read_text())["resolved"] for out in (one, cut, two)]
+    chosen = [(r["chunked_loss"], r["chunked_loss_tokens"]) for r in resolved]
+    assert chosen == [("false", None), ("true", 8), ("true", 8)]
     updates = [first_update(out) for out in (one, cut, two)]
     loss, norm = reference_loss_and_norm(chat)
     for update in updates:
@@ -143,10 +150,12 @@ def keeping_packs(packs: list):
 
 def test_a_packed_update_is_the_same_mean_over_every_target_token(chat, tmp_path, capsys):
     """--packing: the 24 rows best-fit into a few sequences of up to 256 tokens, all in one update (as
-    the first test's batch of 24): the same logged loss and gradient norm as plain PyTorch on the rows
-    alone; train_samples counts documents, not packs."""
+    the first test's batch of 24), the loss in chunks of 16 target tokens (--chunked_loss auto): the same
+    logged loss and gradient norm as plain PyTorch on the rows alone; train_samples counts documents, not
+    packs."""
     out, packs = tmp_path / "packed", []
-    args = with_flag(sft_args(chat, out, *ONE_UPDATE, "--packing"), "--max_length", "256")
+    chunks = ("--chunked_loss_tokens", "16")
+    args = with_flag(sft_args(chat, out, *ONE_UPDATE, "--packing", *chunks), "--max_length", "256")
     results = main([*args, "--per_device_train_batch_size", "24"], keeping_packs(packs))
     assert sum(len(pack) for pack in packs) == 24
     assert all(len(pack) >= 2 for pack in packs) and len(packs) <= 8  # several documents in every pack
@@ -161,6 +170,7 @@ def test_a_packed_update_is_the_same_mean_over_every_target_token(chat, tmp_path
     assert update["loss"] == pytest.approx(loss, rel=1e-5)
     assert update["grad_norm"] == pytest.approx(norm, rel=1e-4)
     assert results["train_samples"] == 24 and results["global_step"] == 1
+    assert json.loads((out / "train_config.json").read_text())["resolved"]["chunked_loss_tokens"] == 16
 
 
 def test_a_packed_run_resumed_from_its_checkpoint_ends_bitwise_equal(chat, tmp_path, capsys):

@@ -24,7 +24,8 @@ ROWS = [
 
 
 def test_smollm2_from_gguf_fine_tunes_exports_and_its_eval_loss_is_plain_pytorchs(tmp_path, monkeypatch):
-    """One run: --gguf_file, full fine-tuning, 2 updates, evaluated at the end. It parses the file once
+    """One run: --gguf_file, full fine-tuning, 2 updates, evaluated at the end, the loss over its 49,152-token
+    vocabulary in chunks of 8 targets (--chunked_loss, training and evaluation). It parses the file once
     (transformers alone: three times). It exports (transformers refuses to save a model it read from GGUF:
     the run drops those marks) a plain safetensors model, whose loss on the same rows, computed in plain
     PyTorch, is the run's eval_loss; `pipeline` chats with it."""
@@ -45,8 +46,11 @@ def test_smollm2_from_gguf_fine_tunes_exports_and_its_eval_loss_is_plain_pytorch
         "--mixed_precision", "no", "--report_to", "none", "--output_dir", str(out),
         "--max_train_steps", "2", "--per_device_train_batch_size", "3", "--learning_rate", "1e-5",
         "--eval_strategy", "steps", "--eval_steps", "2",
+        "--chunked_loss", "true", "--chunked_loss_tokens", "8",
     ])  # fmt: skip
     assert results["global_step"] == 2
+    resolved = json.loads((out / "train_config.json").read_text())["resolved"]
+    assert (resolved["chunked_loss"], resolved["chunked_loss_tokens"]) == ("true", 8)
     assert [Path(p).resolve() for p in parsed] == [(folder / SMOLLM2_GGUF).resolve()], parsed
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
 

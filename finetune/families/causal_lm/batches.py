@@ -59,6 +59,11 @@ def target_positions(labels: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.flatnonzero(labels.reshape(-1) != IGNORE))
 
 
+def targets_at(labels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The target token ids, in `positions`' order (the order `head_at` gives their logits)."""
+    return labels.reshape(-1).index_select(0, positions)
+
+
 def target_loss(
     logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +71,7 @@ def target_loss(
     from the same selection of `labels` (`positions`, the collator's), so the count cannot drift from
     the sum. `logits`: every token's, or only the targets' (`head_at`). Only the targets' logits are cast
     to fp32: a whole [rows, tokens, vocabulary] copy would not be. Nothing here waits for the device."""
-    targets = labels.reshape(-1).index_select(0, positions)
+    targets = targets_at(labels, positions)
     summed = F.cross_entropy(_at(logits, positions).float(), targets, reduction="sum")
     return summed, (targets != IGNORE).sum(dtype=torch.float64)
 
@@ -77,8 +82,13 @@ def row_losses(
     """Per row: (the summed cross-entropy of its targets, float64; their count): evaluation gathers rows,
     so each is counted once however the rows were sharded, batched and padded. `logits` as `target_loss`
     reads them."""
-    targets = labels.reshape(-1).index_select(0, positions)
+    targets = targets_at(labels, positions)
     losses = F.cross_entropy(_at(logits, positions).float(), targets, reduction="none").double()
+    return per_row(losses, labels, positions)
+
+
+def per_row(losses: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor):
+    """`row_losses`' sums from each target's loss (float64, in `positions`' order)."""
     rows = torch.div(positions, labels.shape[1], rounding_mode="floor")
     summed = torch.zeros(labels.shape[0], dtype=torch.float64, device=labels.device).index_add_(
         0, rows, losses

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import torch
-from accelerate.utils import DynamoBackend
+from accelerate.utils import DistributedType, DynamoBackend
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -22,8 +22,17 @@ from finetune.families.causal_lm.batches import (
     CausalLmCollator,
     head_at,
     heads_at_targets,
+    per_row,
     row_losses,
     target_loss,
+    targets_at,
+)
+from finetune.families.causal_lm.chunked_loss import (
+    Head,
+    chunked_target_loss,
+    chunked_token_losses,
+    hidden_at,
+    resolve_chunked_loss,
 )
 from finetune.families.causal_lm.conversations import end_of_turn
 from finetune.families.causal_lm.data import FORMAT_WORDS, LmTask, encode_splits, load_lm_splits, source_of
@@ -76,6 +85,9 @@ class CausalLM:
         self.head_at_targets = False
         """Whether the output layer runs only at the target tokens (`batches.head_at`), set by
         `build_model`: where the model passes `heads_at_targets`' check, and nothing compiles it."""
+        self.chunk_tokens = None
+        """--chunked_loss: the target tokens per chunk of the loss (`chunked_loss`), or None: the
+        targets' logits whole; set by `build_model`."""
 
     def load(self, config) -> tuple[LmTask, dict]:
         refuse_other_families_flags(config, self.name, REFUSED)
@@ -107,9 +119,13 @@ class CausalLM:
         # Compiled (the flag or an accelerate config), a hook added per call would recompile the graph.
         compiled = accelerator.state.dynamo_plugin.backend != DynamoBackend.NO
         self.head_at_targets = not compiled and heads_at_targets(model)
+        sharded = accelerator.distributed_type == DistributedType.FSDP
+        self.chunk_tokens = resolve_chunked_loss(args, model, self.head_at_targets, compiled, sharded)
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         speed = plain_speed(args, model, accelerator)
+        speed["chunked_loss"] = "true" if self.chunk_tokens else "false"
+        speed["chunked_loss_tokens"] = self.chunk_tokens
         if args.use_peft:
             model = wrap_with_lora(model, args, "CAUSAL_LM")
         backbone = {
@@ -155,14 +171,24 @@ class CausalLM:
             inputs, rows = forward_inputs(batch, self.packed), batch["documents"]
         else:
             inputs, rows = batch, labels.shape[0]
-        with head_at(accelerator.unwrap_model(model) if self.head_at_targets else None, positions):
-            logits = model(**inputs, use_cache=False).logits  # the config keeps it on: generation's
-        summed, targets = target_loss(logits, labels, positions)
+        hooked = accelerator.unwrap_model(model) if self.head_at_targets else None
+        if self.chunk_tokens:
+            with hidden_at(hooked, positions) as kept:
+                model(**inputs, use_cache=False)
+            head = Head(hooked, kept.autocast)
+            wanted = targets_at(labels, positions)
+            summed, targets = chunked_target_loss(head, kept[0], wanted, self.chunk_tokens)
+        else:
+            with head_at(hooked, positions):
+                logits = model(**inputs, use_cache=False).logits  # the config keeps it on: generation's
+            summed, targets = target_loss(logits, labels, positions)
         accelerator.backward(summed / batch_divisor)
         return summed.detach(), targets, rows
 
     def evaluator(self, task: LmTask, accelerator) -> Evaluator:
-        scored = functools.partial(_evaluate, accelerator=accelerator, head_at_targets=self.head_at_targets)
+        scored = functools.partial(
+            _evaluate, accelerator=accelerator, head_at_targets=self.head_at_targets, chunks=self.chunk_tokens
+        )
         return with_exact_match(scored, accelerator)
 
     def autocast_loaders(self, eval_loaders: dict) -> dict:
@@ -194,10 +220,13 @@ class CausalLM:
         return CardParts(pipeline_tag=self.pipeline_tag, tag="causal-lm", trained_on=trained_on, use=use)
 
 
-def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator, head_at_targets: bool) -> dict:
+def _evaluate(
+    model, eval_loaders: dict, should_stop=None, *, accelerator, head_at_targets: bool, chunks: int | None
+) -> dict:
     """Collective: eval_loss, the summed cross-entropy of every target token of the split over their
     count (float64 sums of per-row sums, gathered without Accelerate's repeated rows), and
-    eval_perplexity, exp(eval_loss); the same for any number of processes and any batch size."""
+    eval_perplexity, exp(eval_loss); the same for any number of processes and any batch size. `chunks`:
+    the targets' logits made that many tokens at a time (--chunked_loss), else whole."""
     model = getattr(model, "_orig_mod", model)
     hooked = accelerator.unwrap_model(model) if head_at_targets else None
     model.eval()
@@ -211,9 +240,17 @@ def _evaluate(model, eval_loaders: dict, should_stop=None, *, accelerator, head_
                         model.train()
                         raise EvaluationAbandoned
                     labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
-                    with head_at(hooked, positions):
-                        logits = model(**batch, use_cache=False).logits
-                    summed, targets = row_losses(logits, labels, positions)
+                    if chunks:
+                        with hidden_at(hooked, positions) as kept:
+                            model(**batch, use_cache=False)
+                        head = Head(hooked, kept.autocast)
+                        wanted = targets_at(labels, positions)
+                        losses_each = chunked_token_losses(head, kept[0], wanted, chunks)
+                        summed, targets = per_row(losses_each, labels, positions)
+                    else:
+                        with head_at(hooked, positions):
+                            logits = model(**batch, use_cache=False).logits
+                        summed, targets = row_losses(logits, labels, positions)
                     summed, targets = accelerator.gather_for_metrics((summed, targets))
                     losses.append(summed)
                     counts.append(targets)
