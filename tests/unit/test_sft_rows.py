@@ -376,6 +376,19 @@ def test_a_template_that_drops_tool_calls_or_tools_is_refused_naming_the_row(tmp
         {"messages": calling, "tools": [schema]}, "messages", with_template(chatml, TOOLS_CHATML)
     )
     assert written.targets > 0
+    # A prediction row's tools too: --do_predict would ask the model without the functions it may call.
+    from finetune.families.causal_lm.data import LmTask
+    from finetune.families.causal_lm.generation import encode_prompts
+
+    test = {"test": read(tmp_path, [{"messages": calling[:1]}, {"messages": calling[:1], "tools": [schema]}])}
+    config = SimpleNamespace(max_length=512, predict_with_generate=False)
+    with pytest.raises(ConfigError) as error:
+        encode_prompts(LmTask("messages", ""), test, chatml, config, {"test": SOURCE})
+    assert str(error.value).startswith(f"{SOURCE}: row 1 gives tools, which the chat template does not write")
+    assert error.value.flag == "--chat_template"
+    prompts = encode_prompts(LmTask("messages", ""), test, with_template(chatml, TOOLS_CHATML), config,
+                             {"test": SOURCE})  # fmt: skip
+    assert "get_weather" in chatml.decode(prompts["test"].rows[1]["input_ids"])
 
 
 def test_a_null_in_a_calls_arguments_is_the_users_and_a_parquet_structs_padding_is_not(tmp_path, chatml):

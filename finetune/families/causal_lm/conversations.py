@@ -192,6 +192,16 @@ def render_chat(tokenizer, messages: list[dict], tools, add_generation_prompt: b
         ) from None
 
 
+def refuse_unwritten_tools(tokenizer, messages, tools, rendered: str, add_generation_prompt: bool, refuse):
+    """A row's tools that the chat template leaves out of `rendered` (its render of `messages`) are refused:
+    the model would learn, or be asked, to call functions it is never shown."""
+    if tools and rendered == render_chat(tokenizer, messages, None, add_generation_prompt, refuse):
+        raise refuse(
+            "gives tools, which the chat template does not write into the conversation",
+            f"{TEMPLATE_FIX} that renders tools (as its model's own template does), or drop the tools column",
+        )
+
+
 def _conversation(
     messages: list[dict], prompt_turns: int | None, tokenizer, assistant_only_loss: bool, refuse, tools=None
 ):
@@ -207,11 +217,7 @@ def _conversation(
         return render_chat(tokenizer, turns, tools, add_generation_prompt, refuse)
 
     full = render(messages)
-    if tools and full == render_chat(tokenizer, messages, None, False, refuse):
-        raise refuse(
-            "gives tools, which the chat template does not write into the conversation",
-            f"{TEMPLATE_FIX} that renders tools (as its model's own template does), or drop the tools column",
-        )
+    refuse_unwritten_tools(tokenizer, messages, tools, full, False, refuse)
     if not assistant_only_loss and prompt_turns is None:
         ids = tokenizer(full, add_special_tokens=False)["input_ids"]
         return [(ids, list(ids))]

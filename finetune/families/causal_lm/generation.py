@@ -29,6 +29,7 @@ from finetune.families.causal_lm.conversations import (
     TEMPLATE_FIX,
     appended_tokens,
     end_of_turn,
+    refuse_unwritten_tools,
     render_chat,
     row_tools,
 )
@@ -208,7 +209,9 @@ def _render(messages: list[dict], tokenizer, refuse, tools: list | None) -> str:
     tools, as training's)."""
     if not getattr(tokenizer, "chat_template", None):
         raise refuse("is a conversation, but the tokenizer has no chat template", TEMPLATE_FIX)
-    return render_chat(tokenizer, messages, tools, True, refuse, fix=TEMPLATE_FIX)
+    rendered = render_chat(tokenizer, messages, tools, True, refuse, fix=TEMPLATE_FIX)
+    refuse_unwritten_tools(tokenizer, messages, tools, rendered, True, refuse)  # as training refuses them
+    return rendered
 
 
 def left_padded(features: list[dict], pad_token_id: int, multiple: int = 1) -> dict[str, torch.Tensor]:
