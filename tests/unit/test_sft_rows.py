@@ -215,6 +215,32 @@ def test_a_chatml_conversation_trains_on_each_assistant_reply_through_im_end(cha
     assert chatml.chat_template == CHATML  # the tokenizer is left as it was
 
 
+def test_an_assistant_message_of_weight_0_is_context_and_other_weights_are_refused(tmp_path, chatml):
+    """OpenAI's fine-tuning format: `"weight": 0` makes an assistant message context, 1 a target; a row
+    read by `datasets` gives the messages without one a null weight, which trains as 1."""
+    messages = [dict(m) for m in CONVERSATION]
+    messages[2]["weight"] = 0
+    messages[4]["weight"] = 1
+    rows = read(tmp_path, [{"messages": messages}, {"messages": CONVERSATION}])
+    check_rows(rows, "messages", SOURCE)
+    weighed, plain = (encode(row, "messages", chatml) for row in rows)
+    assert target_runs(chatml, weighed) == [f"Not at all.{IM_END}"]
+    assert target_runs(chatml, plain) == [f"Yes, very wide.{IM_END}", f"Not at all.{IM_END}"]
+    assert weighed.input_ids == plain.input_ids  # the weight is not rendered
+    messages[4]["weight"] = 0
+    error = refused(encode, {"messages": messages}, "messages", chatml)
+    assert "row 7 has no assistant turn to train on (each has weight 0)" in str(error)
+    error = refused(encode, {"messages": messages}, "messages", chatml, assistant_only_loss=False)
+    assert "row 7 has an assistant message of weight 0 (message 2)" in str(error)
+    cases = [(4, 0.5, "of weight 0.5 (messages[4])"), (1, 0, "a weight on a user message")]
+    for where, weight, says in cases:
+        bad = [dict(m) for m in CONVERSATION]
+        bad[where]["weight"] = weight
+        rows = read(tmp_path, [{"messages": CONVERSATION}, {"messages": bad}])
+        error = refused(check_rows, rows, "messages", SOURCE)
+        assert str(error).startswith(f"{SOURCE}: row 1 has ") and says in str(error), str(error)
+
+
 def test_a_llama3_conversation_trains_through_eot_with_one_bos_and_no_header(llama3):
     encoded = encode({"messages": CONVERSATION}, "messages", llama3)
     assert target_runs(llama3, encoded) == [f"Yes, very wide.{EOT}", f"Not at all.{EOT}"]

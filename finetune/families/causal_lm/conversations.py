@@ -90,8 +90,8 @@ def encode_row(row: dict, fmt: str, tokenizer, **options) -> Encoded:
 
 def _messages_without_nulls(messages: list[dict]) -> list[dict]:
     # A message's own null fields (OpenAI's `"content": null` beside tool_calls) would render as "None";
-    # what they hold (a call's arguments) is left as written.
-    return [{key: v for key, v in message.items() if v is not None} for message in messages]
+    # what they hold (a call's arguments) is left as written. A weight is the loss's, not the model's.
+    return [{key: v for key, v in m.items() if v is not None and key != "weight"} for m in messages]
 
 
 def row_tools(row: dict, refuse) -> list | None:
@@ -218,6 +218,14 @@ def _conversation(
 
     full = render(messages)
     refuse_unwritten_tools(tokenizer, messages, tools, full, False, refuse)
+    if not assistant_only_loss:
+        unweighed = next((i for i, m in enumerate(messages) if m.get("weight") == 0), None)
+        if unweighed is not None and unweighed >= (prompt_turns or 0):
+            raise refuse(
+                f"has an assistant message of weight 0 (message {unweighed}), context that "
+                f"{EVERY_TOKEN} would train on",
+                "drop --assistant_only_loss false, or the message's weight",
+            )
     if not assistant_only_loss and prompt_turns is None:
         ids = tokenizer(full, add_special_tokens=False)["input_ids"]
         return [(ids, list(ids))]
@@ -265,9 +273,12 @@ def _completion_span(messages, prompt_turns: int, full: str, render, refuse) -> 
 def _assistant_turns(messages, prompt_turns: int | None, refuse) -> list[int]:
     """The assistant turns to train on: the completion's only where `prompt_turns` is given."""
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i >= (prompt_turns or 0)]
-    if not turns:
+    targets = [i for i in turns if messages[i].get("weight") != 0]  # weight 0: context (OpenAI's format)
+    if not targets:
         where = "" if prompt_turns is None else " in its completion"
-        raise refuse(f"has no assistant turn{where} to train on", f"add one, or {EVERY_TOKEN}")
+        weighed = " (each has weight 0)" if turns else ""
+        raise refuse(f"has no assistant turn{where} to train on{weighed}", f"add one, or {EVERY_TOKEN}")
+    turns = targets
     if turns[0] == 0:
         raise refuse(
             "begins with an assistant turn, whose prompt cannot be rendered (no conversation before it)",
