@@ -350,6 +350,54 @@ def test_a_generation_prompt_that_does_not_begin_the_turn_is_refused(chatml):
     assert error.flag == "--chat_template" and error.fix.endswith("or --assistant_only_loss false")
 
 
+IGNORES_PROMPT = CHATML.replace(
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}", ""
+)
+"""A community template that never writes the generation prompt."""
+SHORT_PROMPT = CHATML.replace("'<|im_start|>assistant\n' }}{% endif %}", "'<|im_start|>' }}{% endif %}")
+"""A generation prompt that is a strict prefix of the assistant's header."""
+LLAMA3_SHORT_PROMPT = LLAMA3.replace("'<|start_header_id|>assistant<|end_header_id|>\n\n'",
+                                     "'<|start_header_id|>assistant'")  # fmt: skip
+
+
+@pytest.mark.parametrize("template", ["ignores", "short", "llama3 short"])
+def test_a_generation_prompt_short_of_the_assistants_header_is_refused(chatml, llama3, template):
+    """Its targets would begin with the rest of the header: the model would answer "assistant\nred"."""
+    tokenizer = {"ignores": with_template(chatml, IGNORES_PROMPT),
+                 "short": with_template(chatml, SHORT_PROMPT),
+                 "llama3 short": with_template(llama3, LLAMA3_SHORT_PROMPT)}[template]  # fmt: skip
+    assert tokenizer.chat_template != CHATML
+    error = refused(encode, {"messages": CONVERSATION}, "messages", tokenizer)
+    assert "row 7 is rendered by the chat template with a generation prompt" in str(error)
+    assert "that is not all of an assistant turn's header" in str(error) and "message 2" in str(error)
+    assert ("it ignores add_generation_prompt" in str(error)) == (template == "ignores")
+    assert error.flag == "--chat_template" and error.fix.endswith("or --assistant_only_loss false")
+    pair = {"prompt": CONVERSATION[:2], "completion": CONVERSATION[2:3]}
+    for every_token in (False, True):  # a conversational prompt-completion's completion after the prompt
+        refused(encode, pair, "prompt_completion", tokenizer, assistant_only_loss=every_token)
+    # Training on every token of a conversation asks for the header too.
+    assert encode({"messages": CONVERSATION}, "messages", tokenizer, assistant_only_loss=False).targets > 0
+    # A prompt to predict from would leave the header to the model (predictions "assistant\nred").
+    from finetune.families.causal_lm.data import LmTask
+    from finetune.families.causal_lm.generation import encode_prompts
+
+    test = {"test": Dataset.from_list([{"messages": CONVERSATION[:2]}])}
+    config = SimpleNamespace(max_length=64, predict_with_generate=False)
+    with pytest.raises(ConfigError, match="row 0 is rendered by the chat template with a generation prompt"):
+        encode_prompts(LmTask("messages", ""), test, tokenizer, config, {"test": SOURCE})
+    assert encode_prompts(LmTask("messages", ""), test, chatml, config, {"test": SOURCE})["test"].rows
+
+
+def test_a_template_writing_more_than_its_header_before_the_reply_trains_it(chatml):
+    """Qwen3's writes an empty reasoning block after the header and before the reply: the model's to
+    write (what makes it answer without reasoning), so it trains, as TRL trains it."""
+    think = "('<think></think>' if message['role'] == 'assistant' else '')"
+    qwen3 = CHATML.replace("'\n' + message['content']", f"'\n' + {think} + message['content']")
+    encoded = encode({"messages": CONVERSATION}, "messages", with_template(chatml, qwen3))
+    assert target_runs(chatml, encoded) == [f"<think></think>Yes, very wide.{IM_END}",
+                                            f"<think></think>Not at all.{IM_END}"]  # fmt: skip
+
+
 def test_a_template_whose_turn_starts_inside_a_token_is_refused(chatml):
     tokenizer = with_template(chatml, SPLITS_A_TOKEN)
     error = refused(encode, {"messages": CONVERSATION}, "messages", tokenizer)
@@ -544,14 +592,15 @@ def test_the_task_line_says_what_both_flags_train_in_a_conversational_prompt_com
 
 def test_a_template_that_closes_turns_with_no_special_token_is_noted_on_the_task_line(tmp_path, chatml):
     """ChatML closes a reply with <|im_end|>, a target that teaches the model to stop; a template that
-    writes "Assistant: ...\\n" has no such token: the run says so on its task line (and still trains)."""
+    writes "assistant:\\n...\\n" has no such token: the run says so on its task line (and still trains)."""
     import contextlib
 
     from finetune.config.train_config import TrainConfig
     from finetune.families.causal_lm.conversations import end_of_turn
     from finetune.families.causal_lm.data import encode_splits, load_lm_splits
 
-    plain = with_template(chatml, "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    plain = with_template(chatml, "{% for m in messages %}{{ m['role'] }}:\n{{ m['content'] }}\n{% endfor %}"
+                                  "{% if add_generation_prompt %}assistant:\n{% endif %}")  # fmt: skip
     assert end_of_turn(chatml) == [chatml.convert_tokens_to_ids(IM_END)] and end_of_turn(plain) == []
     path = tmp_path / SOURCE
     path.write_text(json.dumps({"messages": CONVERSATION}) + "\n")

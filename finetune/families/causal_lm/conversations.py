@@ -229,10 +229,17 @@ def _conversation(
     if not assistant_only_loss and prompt_turns is None:
         ids = tokenizer(full, add_special_tokens=False)["input_ids"]
         return [(ids, list(ids))]
+    # Here, not at the top: headers.py renders through this module's render_chat.
+    from finetune.families.causal_lm.headers import refuse_trained_header
+
     if not assistant_only_loss:  # the completion of a conversational prompt-completion, whole
+        if messages[prompt_turns]["role"] == "assistant":
+            refuse_trained_header(tokenizer, messages, prompt_turns, tools, refuse)
         span = _completion_span(messages, prompt_turns, full, render, refuse)
         return [_tokenized(full, [span], tokenizer, refuse)]
-    turns = [(render(messages[: i + 1]), i) for i in _assistant_turns(messages, prompt_turns, refuse)]
+    trained = _assistant_turns(messages, prompt_turns, refuse)
+    refuse_trained_header(tokenizer, messages, trained[0], tools, refuse)  # as every turn's, by the first
+    turns = [(render(messages[: i + 1]), i) for i in trained]
     spans = [_turn_span(messages, i, through, render, refuse) for through, i in turns]
     if all(full.startswith(through) for through, _ in turns):
         return [_tokenized(full, spans, tokenizer, refuse)]

@@ -33,6 +33,7 @@ from finetune.families.causal_lm.conversations import (
     render_chat,
     row_tools,
 )
+from finetune.families.causal_lm.headers import refuse_trained_header
 from finetune.families.causal_lm.rows import (
     check_messages,
     check_rows,
@@ -211,6 +212,8 @@ def _render(messages: list[dict], tokenizer, refuse, tools: list | None) -> str:
         raise refuse("is a conversation, but the tokenizer has no chat template", TEMPLATE_FIX)
     rendered = render_chat(tokenizer, messages, tools, True, refuse, fix=TEMPLATE_FIX)
     refuse_unwritten_tools(tokenizer, messages, tools, rendered, True, refuse)  # as training refuses them
+    reply = {"role": "assistant", "content": "-"}  # a placeholder: the header is what it is written after
+    refuse_trained_header(tokenizer, [*messages, reply], len(messages), tools, refuse, trains=False)
     return rendered
 
 
