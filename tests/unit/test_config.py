@@ -368,7 +368,8 @@ def test_evaluating_a_trained_model_takes_its_task_flags_from_its_record(tmp_pat
 
 def test_evaluating_a_tagger_takes_its_family_and_says_only_what_differs_from_the_defaults(tmp_path, capsys):
     """A tagging run's record holds every flag, defaults included (--task_name mnli, --label_column
-    label): --do_train false takes its --task_type and its own columns, and names only those."""
+    label): --do_train false takes its --task_type, its own columns and its windows' stride, and names
+    only those."""
     model = tmp_path / "tagger"
     model.mkdir()
     record = {"task_type": "token_classification", "task_name": "mnli", "text_columns": "words",
@@ -378,8 +379,45 @@ def test_evaluating_a_tagger_takes_its_family_and_says_only_what_differs_from_th
                            "dev.jsonl"])  # fmt: skip
     assert (config.task_type, config.text_columns) == ("token_classification", "words")
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--do_train false")]
-    assert said == [f"--do_train false: --task_type token_classification --text_columns words, as "
-                    f"{model / 'train_config.json'} records the model's training"]  # fmt: skip
+    assert said == [f"--do_train false: --task_type token_classification --text_columns words --doc_stride "
+                    f"128, as {model / 'train_config.json'} records the model's training"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("record", "taken"),
+    [
+        ({"task_type": "token_classification", "max_length": 64, "doc_stride": 4},
+         {"max_length": 64, "doc_stride": 4}),  # a tagger's windows, under --long_documents truncate
+        ({"task_type": "causal_lm", "max_length": 128}, {"max_length": 128}),
+        ({"max_length": 64}, {"max_length": 64}),  # a classifier's truncation
+        ({"long_documents": "sliding_window", "max_length": 64, "doc_stride": 8, "window_aggregation": "max"},
+         {"max_length": 64, "doc_stride": 8, "window_aggregation": "max"}),
+    ],
+)  # fmt: skip
+def test_evaluating_a_trained_model_reads_its_rows_as_it_was_trained(tmp_path, capsys, record, taken):
+    """--do_train false (an evaluation or prediction run) takes --max_length and the windows' --doc_stride
+    as the model was trained with them (a tagger evaluated at 128 tokens where it trained on 64 scores
+    another model); given flags win, and the window flags stay out under another --long_documents."""
+    model = tmp_path / "run"
+    model.mkdir()
+    (model / "train_config.json").write_text(json.dumps({"args": record}))
+    argv = [
+        "--do_train",
+        "false",
+        "--do_predict",
+        "--model_name_or_path",
+        str(model),
+        "--test_file",
+        "t.jsonl",
+    ]
+    config = parse_config(argv)
+    assert {k: getattr(config, k) for k in taken} == taken
+    said = capsys.readouterr().out
+    assert all(f"--{k} {v}" in said for k, v in taken.items()) and "records the model's training" in said
+    assert parse_config([*argv, "--max_length", "256"]).max_length == 256
+    if "window_aggregation" in taken:
+        other = parse_config([*argv, "--long_documents", "truncate"])
+        assert other.doc_stride is None and other.window_aggregation != "max" and other.max_length == 64
 
 
 def test_seeds_are_distinct_whole_numbers_and_the_interval_uses_students_t():
