@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from finetune.config.data_args import DATA_EXTENSIONS, GLUE_DATASET, DataArgs
+from finetune.config.families import OWNERS, refuse_other_families_flags
 from finetune.config.model_args import ModelArgs
 from finetune.config.output_args import OutputArgs
 from finetune.config.system_args import SystemArgs
@@ -39,6 +40,7 @@ class TrainConfig(*reversed(GROUPS)):  # a dataclass takes its bases' fields las
 
     def __post_init__(self):
         _check_types(self)
+        refuse_other_families_flags(self, {f.name: default_of(f) for f in dataclasses.fields(self)})
         for group in GROUPS:
             group.__post_init__(self)
         check_across_groups(self)
@@ -142,6 +144,8 @@ def flag_help() -> dict[str, str]:
         for node, after in zip(body, body[1:], strict=False):
             if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr):
                 docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+    for name, owned in OWNERS.items():  # the families that read it, as the one refusal rule says
+        docs[name] += f" [--task_type {' or '.join(owned.families)} only]"
     return docs
 
 

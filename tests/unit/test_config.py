@@ -1,3 +1,4 @@
+import contextlib
 import dataclasses
 import json
 import re
@@ -5,6 +6,7 @@ import typing
 
 import pytest
 
+from finetune.config.families import OWNERS
 from finetune.config.parser import OTHER_NAMES, parse_config
 from finetune.config.train_config import TrainConfig, to_dict
 from finetune.errors import ConfigError
@@ -266,7 +268,9 @@ def test_no_flags_say_what_they_turn_off(capsys):
         entry = re.search(rf"\n  --no_{name}, --no-[\w-]+\s+(.*?)\n  --", help_text, re.S)
         assert entry is not None, name
         assert " ".join(entry.group(1).split()) == f"Turn off --{name}."
-        assert getattr(parse_config([f"--no_{name}"]), name) is False
+        owners = OWNERS.get(name)  # a family's flag, parsed under its family
+        family = ["--task_type", owners.families[0], "--dataset_name", "d"] if owners else []
+        assert getattr(parse_config([*family, f"--no_{name}"]), name) is False
         assert getattr(parse_config([]), name) is True
 
 
@@ -418,6 +422,55 @@ def test_evaluating_a_trained_model_reads_its_rows_as_it_was_trained(tmp_path, c
     if "window_aggregation" in taken:
         other = parse_config([*argv, "--long_documents", "truncate"])
         assert other.doc_stride is None and other.window_aggregation != "max" and other.max_length == 64
+
+
+ASKING = {
+    "task_name": ["sst2"], "validation_mismatched_file": ["m.jsonl"], "text_columns": ["text"],
+    "label_column": ["y"], "label_names": ["O,B-X"], "label_all_tokens": [], "label_separator": [","],
+    "multi_label_threshold": ["0.3"], "class_weights": ["balanced"], "label_smoothing_factor": ["0.1"],
+    "long_documents": ["sliding_window"], "window_aggregation": ["max"], "calibrate": ["temperature"],
+    "auto_find_batch_size": [], "completion_only_loss": ["false"], "assistant_only_loss": ["false"],
+    "chat_template": ["t.jinja"], "packing": [], "predict_with_generate": [],
+    "generation_max_new_tokens": ["8"], "padding_free": ["varlen"], "dropout_kernel": ["packed"],
+    "cuda_graphs": ["true"],
+}  # fmt: skip
+"""A value of each family's flag that asks for what only its families do."""
+FAMILIES = ("sequence_classification", "causal_lm", "token_classification")
+
+
+@pytest.mark.parametrize("flag", sorted(ASKING))
+def test_a_flag_of_another_family_is_refused_naming_it_and_the_task_type(flag):
+    """One rule for every family's flags (config/families.py): set for a --task_type that does not read
+    it, it is refused in one line naming the flag and --task_type (accepted, it would change nothing but
+    the identity); under its own family it is read. E.g. --chat_template or --assistant_only_loss for a
+    tagger, --window_aggregation or --multi_label_threshold for causal_lm, --chat_template or
+    --predict_with_generate for a classifier."""
+    assert set(ASKING) == set(OWNERS)  # a new family flag needs its case here
+    files = ["--train_file", "t.jsonl", "--validation_file", "v.jsonl"]
+    for task_type in FAMILIES:
+        argv = ["--task_type", task_type, *files, f"--{flag}", *ASKING[flag]]
+        if task_type in OWNERS[flag].families:
+            with contextlib.suppress(ConfigError):  # another check may want more flags; not this rule
+                parse_config(argv)
+            continue
+        with pytest.raises(ConfigError) as refused:
+            parse_config(argv)
+        said = str(refused.value)
+        assert said.startswith(f"--{flag}") and "it is for --task_type " in said and "\n" not in said
+        assert f"not {task_type}; drop it" in said and refused.value.flag == f"--{flag}"
+        assert refused.value.fix == f"drop --{flag}"
+
+
+def test_the_flags_of_another_family_the_adversary_found_are_refused():
+    files = ["--train_file", "t.jsonl", "--validation_file", "v.jsonl"]
+    for task_type, flags in [("token_classification", ["--chat_template", "t.jinja"]),
+                             ("token_classification", ["--no_assistant_only_loss"]),
+                             ("causal_lm", ["--window_aggregation", "max"]),
+                             ("causal_lm", ["--multi_label_threshold", "0.3"]),
+                             ("sequence_classification", ["--chat_template", "t.jinja"]),
+                             ("sequence_classification", ["--predict_with_generate"])]:  # fmt: skip
+        with pytest.raises(ConfigError, match=f"not {task_type}; drop it"):
+            parse_config(["--task_type", task_type, *files, *flags])
 
 
 def test_seeds_are_distinct_whole_numbers_and_the_interval_uses_students_t():
