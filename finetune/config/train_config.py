@@ -145,7 +145,8 @@ def flag_help() -> dict[str, str]:
             if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr):
                 docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
     for name, owned in OWNERS.items():  # the families that read it, as the one refusal rule says
-        docs[name] += f" [--task_type {' or '.join(owned.families)} only]"
+        values = f"{' or '.join(owned.asks)}: " if owned.asks else ""
+        docs[name] += f" [{values}--task_type {' or '.join(owned.families)} only]"
     return docs
 
 
