@@ -227,6 +227,15 @@ def test_an_assistant_message_of_weight_0_is_context_and_other_weights_are_refus
     assert target_runs(chatml, weighed) == [f"Not at all.{IM_END}"]
     assert target_runs(chatml, plain) == [f"Yes, very wide.{IM_END}", f"Not at all.{IM_END}"]
     assert weighed.input_ids == plain.input_ids  # the weight is not rendered
+    # eval_exact_match compares the last turn trained on, not context after it.
+    from finetune.families.causal_lm.data import LmTask
+    from finetune.families.causal_lm.generation import encode_prompts
+
+    context_last = [*CONVERSATION[:4], {**CONVERSATION[4], "weight": 0}]
+    validation = {"validation": Dataset.from_list([{"messages": context_last}])}
+    config = SimpleNamespace(max_length=512, predict_with_generate=True)
+    prompts = encode_prompts(LmTask("messages", ""), validation, chatml, config, {"validation": SOURCE})
+    assert prompts["validation_prompts"].references == ["Yes, very wide."]
     messages[4]["weight"] = 0
     error = refused(encode, {"messages": messages}, "messages", chatml)
     assert "row 7 has no assistant turn to train on (each has weight 0)" in str(error)

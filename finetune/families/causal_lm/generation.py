@@ -195,7 +195,9 @@ def _prompt_messages(row: dict, fmt: str, evaluated: bool, refuse) -> tuple[list
         return row["prompt"], replies[0] if replies else None
     messages = row["messages"]
     if evaluated:
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        # The last turn trained on: one of weight 0 is context the model was not taught to write.
+        targets = (i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("weight") != 0)
+        last = max(targets, default=None)
         if last is None:
             raise refuse("has no assistant turn to compare with", f"add one, or drop {FLAG}")
     else:
