@@ -44,6 +44,7 @@ OWNERS: dict[str, Owned] = {
     "window_aggregation": Owned(CLASSIFIERS, "merges a classifier's windows into the document's score"),
     "calibrate": Owned(CLASSIFIERS, "rescales a classifier's softmax"),
     "auto_find_batch_size": Owned(CLASSIFIERS, "is measured for classifiers only; set the batch size"),
+    "gguf_file": Owned((CAUSAL_LM,), "loads a causal LM's GGUF checkpoint"),
     "completion_only_loss": Owned((CAUSAL_LM,), "chooses a causal LM's targets"),
     "assistant_only_loss": Owned((CAUSAL_LM,), "chooses a causal LM's targets"),
     "chat_template": Owned((CAUSAL_LM,), "renders a causal LM's conversations"),

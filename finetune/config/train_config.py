@@ -76,12 +76,6 @@ def check_across_groups(config: TrainConfig) -> None:
     task = config.task_name if config.task_type == "sequence_classification" else config.task_type
     default(config, "output_dir", config.output_dir or f"outputs/{task}")
     default(config, "project_name", config.project_name or f"finetune-{task}")
-    if config.gguf_file and config.task_type != "causal_lm":
-        raise ConfigError(
-            "--gguf_file loads a causal LM's GGUF checkpoint; add --task_type causal_lm, or give a "
-            "classifier's folder without it",
-            flag="--gguf_file",
-        )
     if config.eval_strategy == "steps" and config.eval_steps is None:
         default(config, "eval_steps", config.logging_steps)  # as Hugging Face Trainer does
     if config.early_stopping_patience is not None and not config.evaluates_training:

@@ -430,7 +430,7 @@ ASKING = {
     "multi_label_threshold": ["0.3"], "class_weights": ["balanced"], "label_smoothing_factor": ["0.1"],
     "long_documents": ["sliding_window"], "window_aggregation": ["max"], "calibrate": ["temperature"],
     "auto_find_batch_size": [], "completion_only_loss": ["false"], "assistant_only_loss": ["false"],
-    "chat_template": ["t.jinja"], "packing": [], "predict_with_generate": [],
+    "chat_template": ["t.jinja"], "gguf_file": ["m.gguf"], "packing": [], "predict_with_generate": [],
     "generation_max_new_tokens": ["8"], "padding_free": ["varlen"], "dropout_kernel": ["packed"],
     "cuda_graphs": ["true"],
 }  # fmt: skip
