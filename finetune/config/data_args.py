@@ -198,11 +198,6 @@ class DataArgs:
                 raise ConfigError(
                     f"--{name} {path}: unsupported extension; use one of {', '.join(extensions)}"
                 )
-        if not tagging and (self.label_names is not None or self.label_all_tokens):
-            flag = "--label_names" if self.label_names is not None else "--label_all_tokens"
-            raise ConfigError(
-                f"{flag} is for --task_type token_classification; drop it", flag=flag, fix=f"drop {flag}"
-            )
         self._check_labels()
         renamed = [f"--{flag}" for flag, default in SPLIT_NAMES.items() if getattr(self, flag) != default]
         if self.uses_local_files and self.dataset_name != GLUE_DATASET:

@@ -154,17 +154,19 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 
 TASK_FLAGS = (
     "task_type", "task_name", "text_columns", "label_column", "long_documents", "doc_stride",
-    "window_aggregation",
+    "window_aggregation", "max_length",
 )  # fmt: skip
 WINDOW_FLAGS = ("doc_stride", "window_aggregation")
 
 
 def _as_the_model_was_trained(values: dict, named: set[str]) -> dict:
-    """--do_train false on a model this toolkit trained: the task flags left out (--task_type,
-    --task_name, --text_columns, --label_column, and how it read long documents: sliding windows with their
-    stride, aggregation and size, --max_length) as its folder's train_config.json records them, so
-    evaluating a custom task's model needs only its files. A flag given wins; a recorded default changes
-    nothing and goes unsaid; rank 0 says what was taken."""
+    """--do_train false (evaluation or prediction alone) on a model this toolkit trained: the task flags
+    left out (--task_type, --task_name, --text_columns, --label_column, and how it read its rows:
+    --max_length, --long_documents, the windows' --doc_stride and --window_aggregation) as its folder's
+    train_config.json records them, so the model reads its rows as it was trained to, and evaluating a
+    custom task's model needs only its files. The window flags only under the --long_documents they were
+    trained with (a tagger's windows are its own, under truncate). A flag given wins; a recorded default
+    changes nothing and goes unsaid; rank 0 says what was taken."""
     folder = Path(values["model_name_or_path"])
     if values["do_train"] or named.issuperset(TASK_FLAGS) or not folder.is_dir():
         return {}
@@ -180,11 +182,10 @@ def _as_the_model_was_trained(values: dict, named: set[str]) -> dict:
             for k in TASK_FLAGS
             if k not in named and trained.get(k) is not None and trained[k] != defaults[k]
         }
-        windowed = (values if "long_documents" in named else {**values, **taken})["long_documents"]
-        if windowed != "sliding_window":  # e.g. --long_documents truncate given: no window settings
+        reading = (values if "long_documents" in named else {**values, **taken})["long_documents"]
+        if reading != trained.get("long_documents", defaults["long_documents"]):
+            # e.g. --long_documents truncate given for a windowed model: no window settings
             taken = {k: v for k, v in taken.items() if k not in WINDOW_FLAGS}
-        elif "max_length" not in named and trained.get("max_length") is not None:
-            taken["max_length"] = trained["max_length"]  # the windows' size, as score_document reads it
         if taken and launcher_rank() == 0:
             shown = " ".join(f"--{k} {v}" for k, v in taken.items())
             print(f"--do_train false: {shown}, as {record} records the model's training", flush=True)

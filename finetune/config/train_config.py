@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 
 from finetune.config.data_args import DATA_EXTENSIONS, GLUE_DATASET, DataArgs
+from finetune.config.families import OWNERS, refuse_other_families_flags
 from finetune.config.model_args import ModelArgs
 from finetune.config.output_args import DEFAULT_LOGGING_STEPS, OutputArgs
 from finetune.config.system_args import SystemArgs
@@ -40,6 +41,7 @@ class TrainConfig(*reversed(GROUPS)):  # a dataclass takes its bases' fields las
 
     def __post_init__(self):
         _check_types(self)
+        refuse_other_families_flags(self, {f.name: default_of(f) for f in dataclasses.fields(self)})
         _default_eval_strategy(self)  # before the groups' checks: several read it
         for group in GROUPS:
             group.__post_init__(self)
@@ -94,20 +96,6 @@ def check_across_groups(config: TrainConfig) -> None:
     task = config.task_name if config.task_type == "sequence_classification" else config.task_type
     default(config, "output_dir", config.output_dir or f"outputs/{task}")
     default(config, "project_name", config.project_name or f"finetune-{task}")
-    if config.gguf_file and config.task_type != "causal_lm":
-        raise ConfigError(
-            "--gguf_file loads a causal LM's GGUF checkpoint; add --task_type causal_lm, or give a "
-            "classifier's folder without it",
-            flag="--gguf_file",
-        )
-    asked_chunks = config.chunked_loss == "true" or config.chunked_loss_tokens is not None
-    if asked_chunks and config.task_type != "causal_lm":
-        flag = "--chunked_loss true" if config.chunked_loss == "true" else "--chunked_loss_tokens"
-        raise ConfigError(
-            f"{flag} chunks a causal LM's loss over its vocabulary; drop it for --task_type "
-            f"{config.task_type}",
-            flag=flag.split()[0],
-        )
     if config.eval_strategy == "steps" and config.eval_steps is None:
         # --logging_steps, as Hugging Face Trainer does; unset: its fixed default, not the run's resolved
         # one, which would evaluate a short run at every step
@@ -182,6 +170,9 @@ def flag_help() -> dict[str, str]:
         for node, after in zip(body, body[1:], strict=False):
             if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr):
                 docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
+    for name, owned in OWNERS.items():  # the families that read it, as the one refusal rule says
+        values = f"{' or '.join(owned.asks)}: " if owned.asks else ""
+        docs[name] += f" [{values}--task_type {' or '.join(owned.families)} only]"
     return docs
 
 

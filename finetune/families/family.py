@@ -72,29 +72,6 @@ class TaskFamily(Protocol):
         """The model card's pipeline, description and use (`output.card.CardParts`; None: a classifier's)."""
 
 
-def refuse_other_families_flags(config, task_type: str, refused: dict) -> None:
-    """The flags a family other than classification cannot honour, each refused in one line naming it:
-    --task_name (classification's: this family's task is what its data holds), every flag of `refused`
-    ({flag: (the value that asks for nothing, why it is refused)}), and classification's speed paths asked
-    for by name (--padding_free true or varlen, --dropout_kernel packed, --cuda_graphs true): these
-    families run torch's dropout on padded batches (model/build.py plain_speed), and say so at the start."""
-    if config.task_name != "mnli":  # the default; any other was asked for
-        raise ConfigError(
-            f"--task_name {config.task_name} names a classification task; --task_type {task_type} reads its "
-            "task from the data: drop --task_name",
-            flag="--task_name",
-            fix="drop --task_name",
-        )
-    for flag, (default, why) in refused.items():
-        if getattr(config, flag) != default:
-            raise ConfigError(f"--{flag} {why}; drop it for --task_type {task_type}", flag=f"--{flag}")
-    asked = {"padding_free": ("true", "varlen"), "dropout_kernel": ("packed",), "cuda_graphs": ("true",)}
-    for name, values in asked.items():
-        if getattr(config, name) in values:
-            flag = f"--{name} {getattr(config, name)}"
-            raise ConfigError(f"{flag} is not built for {task_type} yet; drop it", flag=f"--{name}")
-
-
 def metric_choice(config, splits: dict, measured: list[str], default: str) -> dict:
     """--metric_for_best_model (`default` when unset) and --greater_is_better, checked against what
     evaluation `measured`, for the families without classification's own rule (config/resolved.py)."""

@@ -388,3 +388,25 @@ def test_tagging_trains_without_a_validation_file(ner, tmp_path):
     reset_accelerate()
     assert (results["global_step"], results["exported_model_step"], results["best_metric"]) == (2, 2, None)
     assert "eval_f1" not in results and (out / "model.safetensors").is_file()
+
+
+def test_evaluating_the_exported_tagger_reads_its_windows_as_it_was_trained(ner, tmp_path, capsys):
+    """--do_train false on a tagger trained here takes its --max_length and --doc_stride from its
+    train_config.json (said on the start line): its long sentences are windowed as in training, so
+    evaluating the exported model gives the metrics the training run reported for it."""
+    rng, long = random.Random(6), {"tokens": [], "ner_tags": []}
+    while len(long["tokens"]) < 3 * 32:
+        more = sentence(rng)
+        long = {key: long[key] + more[key] for key in long}
+    validation = write_jsonl(tmp_path / "long.jsonl", [long, *sentences(3, seed=7)])
+    trained = tmp_path / "trained"
+    steps = ("--max_train_steps", "2", "--eval_strategy", "steps", "--eval_steps", "2")
+    results = main(tag_args(ner, trained, "--validation_file", str(validation), "--doc_stride", "4", *steps))
+    reset_accelerate()
+    capsys.readouterr()
+    again = main(["--task_type", "token_classification", "--model_name_or_path", str(trained),
+                  "--do_train", "false", "--validation_file", str(validation), "--output_dir",
+                  str(tmp_path / "evaluated"), "--mixed_precision", "no", "--report_to", "none"])  # fmt: skip
+    assert "--do_train false: --doc_stride 4 --max_length 32, as " in capsys.readouterr().out
+    assert again["eval_loss"] == pytest.approx(results["eval_loss"], rel=1e-5)
+    assert again["eval_f1"] == results["eval_f1"]

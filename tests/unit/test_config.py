@@ -1,3 +1,4 @@
+import contextlib
 import dataclasses
 import json
 import re
@@ -5,6 +6,7 @@ import typing
 
 import pytest
 
+from finetune.config.families import OWNERS
 from finetune.config.parser import OTHER_NAMES, parse_config
 from finetune.config.train_config import TrainConfig, to_dict
 from finetune.errors import ConfigError
@@ -288,7 +290,9 @@ def test_no_flags_say_what_they_turn_off(capsys):
         entry = re.search(rf"\n  --no_{name}, --no-[\w-]+\s+(.*?)\n  --", help_text, re.S)
         assert entry is not None, name
         assert " ".join(entry.group(1).split()) == f"Turn off --{name}."
-        assert getattr(parse_config([f"--no_{name}"]), name) is False
+        owners = OWNERS.get(name)  # a family's flag, parsed under its family
+        family = ["--task_type", owners.families[0], "--dataset_name", "d"] if owners else []
+        assert getattr(parse_config([*family, f"--no_{name}"]), name) is False
         assert getattr(parse_config([]), name) is True
 
 
@@ -390,7 +394,8 @@ def test_evaluating_a_trained_model_takes_its_task_flags_from_its_record(tmp_pat
 
 def test_evaluating_a_tagger_takes_its_family_and_says_only_what_differs_from_the_defaults(tmp_path, capsys):
     """A tagging run's record holds every flag, defaults included (--task_name mnli, --label_column
-    label): --do_train false takes its --task_type and its own columns, and names only those."""
+    label): --do_train false takes its --task_type, its own columns and its windows' stride, and names
+    only those."""
     model = tmp_path / "tagger"
     model.mkdir()
     record = {"task_type": "token_classification", "task_name": "mnli", "text_columns": "words",
@@ -400,8 +405,94 @@ def test_evaluating_a_tagger_takes_its_family_and_says_only_what_differs_from_th
                            "dev.jsonl"])  # fmt: skip
     assert (config.task_type, config.text_columns) == ("token_classification", "words")
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("--do_train false")]
-    assert said == [f"--do_train false: --task_type token_classification --text_columns words, as "
-                    f"{model / 'train_config.json'} records the model's training"]  # fmt: skip
+    assert said == [f"--do_train false: --task_type token_classification --text_columns words --doc_stride "
+                    f"128, as {model / 'train_config.json'} records the model's training"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("record", "taken"),
+    [
+        ({"task_type": "token_classification", "max_length": 64, "doc_stride": 4},
+         {"max_length": 64, "doc_stride": 4}),  # a tagger's windows, under --long_documents truncate
+        ({"task_type": "causal_lm", "max_length": 128}, {"max_length": 128}),
+        ({"max_length": 64}, {"max_length": 64}),  # a classifier's truncation
+        ({"long_documents": "sliding_window", "max_length": 64, "doc_stride": 8, "window_aggregation": "max"},
+         {"max_length": 64, "doc_stride": 8, "window_aggregation": "max"}),
+    ],
+)  # fmt: skip
+def test_evaluating_a_trained_model_reads_its_rows_as_it_was_trained(tmp_path, capsys, record, taken):
+    """--do_train false (an evaluation or prediction run) takes --max_length and the windows' --doc_stride
+    as the model was trained with them (a tagger evaluated at 128 tokens where it trained on 64 scores
+    another model); given flags win, and the window flags stay out under another --long_documents."""
+    model = tmp_path / "run"
+    model.mkdir()
+    (model / "train_config.json").write_text(json.dumps({"args": record}))
+    argv = [
+        "--do_train",
+        "false",
+        "--do_predict",
+        "--model_name_or_path",
+        str(model),
+        "--test_file",
+        "t.jsonl",
+    ]
+    config = parse_config(argv)
+    assert {k: getattr(config, k) for k in taken} == taken
+    said = capsys.readouterr().out
+    assert all(f"--{k} {v}" in said for k, v in taken.items()) and "records the model's training" in said
+    assert parse_config([*argv, "--max_length", "256"]).max_length == 256
+    if "window_aggregation" in taken:
+        other = parse_config([*argv, "--long_documents", "truncate"])
+        assert other.doc_stride is None and other.window_aggregation != "max" and other.max_length == 64
+
+
+ASKING = {
+    "task_name": ["sst2"], "validation_mismatched_file": ["m.jsonl"], "text_columns": ["text"],
+    "label_column": ["y"], "label_names": ["O,B-X"], "label_all_tokens": [], "label_separator": [","],
+    "multi_label_threshold": ["0.3"], "class_weights": ["balanced"], "label_smoothing_factor": ["0.1"],
+    "long_documents": ["sliding_window"], "window_aggregation": ["max"], "calibrate": ["temperature"],
+    "auto_find_batch_size": [], "completion_only_loss": ["false"], "assistant_only_loss": ["false"],
+    "chat_template": ["t.jinja"], "gguf_file": ["m.gguf"], "packing": [], "predict_with_generate": [],
+    "generation_max_new_tokens": ["8"], "padding_free": ["varlen"], "dropout_kernel": ["packed"],
+    "cuda_graphs": ["true"],
+}  # fmt: skip
+"""A value of each family's flag that asks for what only its families do."""
+FAMILIES = ("sequence_classification", "causal_lm", "token_classification")
+
+
+@pytest.mark.parametrize("flag", sorted(ASKING))
+def test_a_flag_of_another_family_is_refused_naming_it_and_the_task_type(flag):
+    """One rule for every family's flags (config/families.py): set for a --task_type that does not read
+    it, it is refused in one line naming the flag and --task_type (accepted, it would change nothing but
+    the identity); under its own family it is read. E.g. --chat_template or --assistant_only_loss for a
+    tagger, --window_aggregation or --multi_label_threshold for causal_lm, --chat_template or
+    --predict_with_generate for a classifier."""
+    assert set(ASKING) == set(OWNERS)  # a new family flag needs its case here
+    files = ["--train_file", "t.jsonl", "--validation_file", "v.jsonl"]
+    for task_type in FAMILIES:
+        argv = ["--task_type", task_type, *files, f"--{flag}", *ASKING[flag]]
+        if task_type in OWNERS[flag].families:
+            with contextlib.suppress(ConfigError):  # another check may want more flags; not this rule
+                parse_config(argv)
+            continue
+        with pytest.raises(ConfigError) as refused:
+            parse_config(argv)
+        said = str(refused.value)
+        assert said.startswith(f"--{flag}") and "it is for --task_type " in said and "\n" not in said
+        assert f"not {task_type}; drop it" in said and refused.value.flag == f"--{flag}"
+        assert refused.value.fix == f"drop --{flag}"
+
+
+def test_the_flags_of_another_family_the_adversary_found_are_refused():
+    files = ["--train_file", "t.jsonl", "--validation_file", "v.jsonl"]
+    for task_type, flags in [("token_classification", ["--chat_template", "t.jinja"]),
+                             ("token_classification", ["--no_assistant_only_loss"]),
+                             ("causal_lm", ["--window_aggregation", "max"]),
+                             ("causal_lm", ["--multi_label_threshold", "0.3"]),
+                             ("sequence_classification", ["--chat_template", "t.jinja"]),
+                             ("sequence_classification", ["--predict_with_generate"])]:  # fmt: skip
+        with pytest.raises(ConfigError, match=f"not {task_type}; drop it"):
+            parse_config(["--task_type", task_type, *files, *flags])
 
 
 def test_seeds_are_distinct_whole_numbers_and_the_interval_uses_students_t():

@@ -215,6 +215,41 @@ def test_a_chatml_conversation_trains_on_each_assistant_reply_through_im_end(cha
     assert chatml.chat_template == CHATML  # the tokenizer is left as it was
 
 
+def test_an_assistant_message_of_weight_0_is_context_and_other_weights_are_refused(tmp_path, chatml):
+    """OpenAI's fine-tuning format: `"weight": 0` makes an assistant message context, 1 a target; a row
+    read by `datasets` gives the messages without one a null weight, which trains as 1."""
+    messages = [dict(m) for m in CONVERSATION]
+    messages[2]["weight"] = 0
+    messages[4]["weight"] = 1
+    rows = read(tmp_path, [{"messages": messages}, {"messages": CONVERSATION}])
+    check_rows(rows, "messages", SOURCE)
+    weighed, plain = (encode(row, "messages", chatml) for row in rows)
+    assert target_runs(chatml, weighed) == [f"Not at all.{IM_END}"]
+    assert target_runs(chatml, plain) == [f"Yes, very wide.{IM_END}", f"Not at all.{IM_END}"]
+    assert weighed.input_ids == plain.input_ids  # the weight is not rendered
+    # eval_exact_match compares the last turn trained on, not context after it.
+    from finetune.families.causal_lm.data import LmTask
+    from finetune.families.causal_lm.generation import encode_prompts
+
+    context_last = [*CONVERSATION[:4], {**CONVERSATION[4], "weight": 0}]
+    validation = {"validation": Dataset.from_list([{"messages": context_last}])}
+    config = SimpleNamespace(max_length=512, predict_with_generate=True)
+    prompts = encode_prompts(LmTask("messages", ""), validation, chatml, config, {"validation": SOURCE})
+    assert prompts["validation_prompts"].references == ["Yes, very wide."]
+    messages[4]["weight"] = 0
+    error = refused(encode, {"messages": messages}, "messages", chatml)
+    assert "row 7 has no assistant turn to train on (each has weight 0)" in str(error)
+    error = refused(encode, {"messages": messages}, "messages", chatml, assistant_only_loss=False)
+    assert "row 7 has an assistant message of weight 0 (message 2)" in str(error)
+    cases = [(4, 0.5, "of weight 0.5 (messages[4])"), (1, 0, "a weight on a user message")]
+    for where, weight, says in cases:
+        bad = [dict(m) for m in CONVERSATION]
+        bad[where]["weight"] = weight
+        rows = read(tmp_path, [{"messages": CONVERSATION}, {"messages": bad}])
+        error = refused(check_rows, rows, "messages", SOURCE)
+        assert str(error).startswith(f"{SOURCE}: row 1 has ") and says in str(error), str(error)
+
+
 def test_a_llama3_conversation_trains_through_eot_with_one_bos_and_no_header(llama3):
     encoded = encode({"messages": CONVERSATION}, "messages", llama3)
     assert target_runs(llama3, encoded) == [f"Yes, very wide.{EOT}", f"Not at all.{EOT}"]
@@ -324,6 +359,54 @@ def test_a_generation_prompt_that_does_not_begin_the_turn_is_refused(chatml):
     assert error.flag == "--chat_template" and error.fix.endswith("or --assistant_only_loss false")
 
 
+IGNORES_PROMPT = CHATML.replace(
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}", ""
+)
+"""A community template that never writes the generation prompt."""
+SHORT_PROMPT = CHATML.replace("'<|im_start|>assistant\n' }}{% endif %}", "'<|im_start|>' }}{% endif %}")
+"""A generation prompt that is a strict prefix of the assistant's header."""
+LLAMA3_SHORT_PROMPT = LLAMA3.replace("'<|start_header_id|>assistant<|end_header_id|>\n\n'",
+                                     "'<|start_header_id|>assistant'")  # fmt: skip
+
+
+@pytest.mark.parametrize("template", ["ignores", "short", "llama3 short"])
+def test_a_generation_prompt_short_of_the_assistants_header_is_refused(chatml, llama3, template):
+    """Its targets would begin with the rest of the header: the model would answer "assistant\nred"."""
+    tokenizer = {"ignores": with_template(chatml, IGNORES_PROMPT),
+                 "short": with_template(chatml, SHORT_PROMPT),
+                 "llama3 short": with_template(llama3, LLAMA3_SHORT_PROMPT)}[template]  # fmt: skip
+    assert tokenizer.chat_template != CHATML
+    error = refused(encode, {"messages": CONVERSATION}, "messages", tokenizer)
+    assert "row 7 is rendered by the chat template with a generation prompt" in str(error)
+    assert "that is not all of an assistant turn's header" in str(error) and "message 2" in str(error)
+    assert ("it ignores add_generation_prompt" in str(error)) == (template == "ignores")
+    assert error.flag == "--chat_template" and error.fix.endswith("or --assistant_only_loss false")
+    pair = {"prompt": CONVERSATION[:2], "completion": CONVERSATION[2:3]}
+    for every_token in (False, True):  # a conversational prompt-completion's completion after the prompt
+        refused(encode, pair, "prompt_completion", tokenizer, assistant_only_loss=every_token)
+    # Training on every token of a conversation asks for the header too.
+    assert encode({"messages": CONVERSATION}, "messages", tokenizer, assistant_only_loss=False).targets > 0
+    # A prompt to predict from would leave the header to the model (predictions "assistant\nred").
+    from finetune.families.causal_lm.data import LmTask
+    from finetune.families.causal_lm.generation import encode_prompts
+
+    test = {"test": Dataset.from_list([{"messages": CONVERSATION[:2]}])}
+    config = SimpleNamespace(max_length=64, predict_with_generate=False)
+    with pytest.raises(ConfigError, match="row 0 is rendered by the chat template with a generation prompt"):
+        encode_prompts(LmTask("messages", ""), test, tokenizer, config, {"test": SOURCE})
+    assert encode_prompts(LmTask("messages", ""), test, chatml, config, {"test": SOURCE})["test"].rows
+
+
+def test_a_template_writing_more_than_its_header_before_the_reply_trains_it(chatml):
+    """Qwen3's writes an empty reasoning block after the header and before the reply: the model's to
+    write (what makes it answer without reasoning), so it trains, as TRL trains it."""
+    think = "('<think></think>' if message['role'] == 'assistant' else '')"
+    qwen3 = CHATML.replace("'\n' + message['content']", f"'\n' + {think} + message['content']")
+    encoded = encode({"messages": CONVERSATION}, "messages", with_template(chatml, qwen3))
+    assert target_runs(chatml, encoded) == [f"<think></think>Yes, very wide.{IM_END}",
+                                            f"<think></think>Not at all.{IM_END}"]  # fmt: skip
+
+
 def test_a_template_whose_turn_starts_inside_a_token_is_refused(chatml):
     tokenizer = with_template(chatml, SPLITS_A_TOKEN)
     error = refused(encode, {"messages": CONVERSATION}, "messages", tokenizer)
@@ -376,6 +459,19 @@ def test_a_template_that_drops_tool_calls_or_tools_is_refused_naming_the_row(tmp
         {"messages": calling, "tools": [schema]}, "messages", with_template(chatml, TOOLS_CHATML)
     )
     assert written.targets > 0
+    # A prediction row's tools too: --do_predict would ask the model without the functions it may call.
+    from finetune.families.causal_lm.data import LmTask
+    from finetune.families.causal_lm.generation import encode_prompts
+
+    test = {"test": read(tmp_path, [{"messages": calling[:1]}, {"messages": calling[:1], "tools": [schema]}])}
+    config = SimpleNamespace(max_length=512, predict_with_generate=False)
+    with pytest.raises(ConfigError) as error:
+        encode_prompts(LmTask("messages", ""), test, chatml, config, {"test": SOURCE})
+    assert str(error.value).startswith(f"{SOURCE}: row 1 gives tools, which the chat template does not write")
+    assert error.value.flag == "--chat_template"
+    prompts = encode_prompts(LmTask("messages", ""), test, with_template(chatml, TOOLS_CHATML), config,
+                             {"test": SOURCE})  # fmt: skip
+    assert "get_weather" in chatml.decode(prompts["test"].rows[1]["input_ids"])
 
 
 def test_a_null_in_a_calls_arguments_is_the_users_and_a_parquet_structs_padding_is_not(tmp_path, chatml):
@@ -505,14 +601,15 @@ def test_the_task_line_says_what_both_flags_train_in_a_conversational_prompt_com
 
 def test_a_template_that_closes_turns_with_no_special_token_is_noted_on_the_task_line(tmp_path, chatml):
     """ChatML closes a reply with <|im_end|>, a target that teaches the model to stop; a template that
-    writes "Assistant: ...\\n" has no such token: the run says so on its task line (and still trains)."""
+    writes "assistant:\\n...\\n" has no such token: the run says so on its task line (and still trains)."""
     import contextlib
 
     from finetune.config.train_config import TrainConfig
     from finetune.families.causal_lm.conversations import end_of_turn
     from finetune.families.causal_lm.data import encode_splits, load_lm_splits
 
-    plain = with_template(chatml, "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    plain = with_template(chatml, "{% for m in messages %}{{ m['role'] }}:\n{{ m['content'] }}\n{% endfor %}"
+                                  "{% if add_generation_prompt %}assistant:\n{% endif %}")  # fmt: skip
     assert end_of_turn(chatml) == [chatml.convert_tokens_to_ids(IM_END)] and end_of_turn(plain) == []
     path = tmp_path / SOURCE
     path.write_text(json.dumps({"messages": CONVERSATION}) + "\n")

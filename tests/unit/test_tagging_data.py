@@ -73,6 +73,15 @@ def test_a_test_file_of_raw_text_under_renamed_word_columns(tmp_path):
     assert splits["test"].column_names == ["text"] and splits["test"][0]["text"] == "Ann ran home."
 
 
+def test_a_blank_word_in_a_prediction_row_is_refused_naming_the_row(tmp_path):
+    """A prediction row's blank word would be tagged (even as an entity) though it is no word."""
+    train = jsonl(tmp_path / "t.jsonl", [{"tokens": ["Ann", "ran"], "tags": ["B-PER", "O"]}])
+    test = jsonl(tmp_path / "p.jsonl", [{"tokens": ["Ann"]}, {"tokens": ["Ann", "\t"]}])
+    config = tagging_config(tmp_path, train, do_predict=True, test_file=str(test))
+    with pytest.raises(ConfigError, match=r"p.jsonl: row 1 has a blank word \(word 1: '\\t'\)"):
+        load_tag_splits(config)
+
+
 def tagger_folder(folder, tags):
     """A token classifier's config.json (all `model_labels` reads) with `tags` as its id2label."""
     from transformers import BertConfig
@@ -183,6 +192,13 @@ BAD = {
                 {}, "t.jsonl: row 1 has 3 words and 2 tags; give every word one tag"),
     "empty": ("t.jsonl", '{"tokens": [], "tags": []}\n', {},
               "t.jsonl: row 0 is an empty sentence (no words); drop the row"),
+    "blank word": ("t.jsonl", '{"tokens": ["a"], "tags": ["O"]}\n'
+                   '{"tokens": ["EU", " "], "tags": ["B-X", "O"]}\n',
+                   {}, "t.jsonl: row 1 has a blank word (word 1: ' '); drop it (and its tag), or write it"),
+    "empty word": ("t.jsonl", '{"tokens": ["", "a"], "tags": ["O", "O"]}\n', {},
+                   "t.jsonl: row 0 has a blank word (word 0: '')"),
+    "conllu blank word": ("t.conllu", "1\t \t_\tX\t_\t_\t0\troot\t_\t_\n", {},
+                          "t.conllu line 1: a blank word (FORM ' '); write the word, or drop the line"),
     "tag id": ("t.jsonl", '{"tokens": ["a", "b"], "tags": [0, 3]}\n', {"label_names": "O,B-X,I-X"},
                "t.jsonl: row 0 has tag id 3, outside --label_names' 3 names (ids 0 to 2); give every tag's "
                "name in --label_names"),

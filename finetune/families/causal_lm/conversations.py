@@ -90,8 +90,8 @@ def encode_row(row: dict, fmt: str, tokenizer, **options) -> Encoded:
 
 def _messages_without_nulls(messages: list[dict]) -> list[dict]:
     # A message's own null fields (OpenAI's `"content": null` beside tool_calls) would render as "None";
-    # what they hold (a call's arguments) is left as written.
-    return [{key: v for key, v in message.items() if v is not None} for message in messages]
+    # what they hold (a call's arguments) is left as written. A weight is the loss's, not the model's.
+    return [{key: v for key, v in m.items() if v is not None and key != "weight"} for m in messages]
 
 
 def row_tools(row: dict, refuse) -> list | None:
@@ -192,6 +192,16 @@ def render_chat(tokenizer, messages: list[dict], tools, add_generation_prompt: b
         ) from None
 
 
+def refuse_unwritten_tools(tokenizer, messages, tools, rendered: str, add_generation_prompt: bool, refuse):
+    """A row's tools that the chat template leaves out of `rendered` (its render of `messages`) are refused:
+    the model would learn, or be asked, to call functions it is never shown."""
+    if tools and rendered == render_chat(tokenizer, messages, None, add_generation_prompt, refuse):
+        raise refuse(
+            "gives tools, which the chat template does not write into the conversation",
+            f"{TEMPLATE_FIX} that renders tools (as its model's own template does), or drop the tools column",
+        )
+
+
 def _conversation(
     messages: list[dict], prompt_turns: int | None, tokenizer, assistant_only_loss: bool, refuse, tools=None
 ):
@@ -207,18 +217,29 @@ def _conversation(
         return render_chat(tokenizer, turns, tools, add_generation_prompt, refuse)
 
     full = render(messages)
-    if tools and full == render_chat(tokenizer, messages, None, False, refuse):
-        raise refuse(
-            "gives tools, which the chat template does not write into the conversation",
-            f"{TEMPLATE_FIX} that renders tools (as its model's own template does), or drop the tools column",
-        )
+    refuse_unwritten_tools(tokenizer, messages, tools, full, False, refuse)
+    if not assistant_only_loss:
+        unweighed = next((i for i, m in enumerate(messages) if m.get("weight") == 0), None)
+        if unweighed is not None and unweighed >= (prompt_turns or 0):
+            raise refuse(
+                f"has an assistant message of weight 0 (message {unweighed}), context that "
+                f"{EVERY_TOKEN} would train on",
+                "drop --assistant_only_loss false, or the message's weight",
+            )
     if not assistant_only_loss and prompt_turns is None:
         ids = tokenizer(full, add_special_tokens=False)["input_ids"]
         return [(ids, list(ids))]
+    # Here, not at the top: headers.py renders through this module's render_chat.
+    from finetune.families.causal_lm.headers import refuse_trained_header
+
     if not assistant_only_loss:  # the completion of a conversational prompt-completion, whole
+        if messages[prompt_turns]["role"] == "assistant":
+            refuse_trained_header(tokenizer, messages, prompt_turns, tools, refuse)
         span = _completion_span(messages, prompt_turns, full, render, refuse)
         return [_tokenized(full, [span], tokenizer, refuse)]
-    turns = [(render(messages[: i + 1]), i) for i in assistant_turns(messages, prompt_turns, refuse)]
+    trained = assistant_turns(messages, prompt_turns, refuse)
+    refuse_trained_header(tokenizer, messages, trained[0], tools, refuse)  # as every turn's, by the first
+    turns = [(render(messages[: i + 1]), i) for i in trained]
     spans = [_turn_span(messages, i, through, render, refuse) for through, i in turns]
     if all(full.startswith(through) for through, _ in turns):
         return [_tokenized(full, spans, tokenizer, refuse)]
@@ -260,9 +281,12 @@ def assistant_turns(messages, prompt_turns: int | None, refuse) -> list[int]:
     """The assistant turns to train on: the completion's only where `prompt_turns` is given. Asked of
     every row before the model loads too (data.py `check_assistant_turns`)."""
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant" and i >= (prompt_turns or 0)]
-    if not turns:
+    targets = [i for i in turns if messages[i].get("weight") != 0]  # weight 0: context (OpenAI's format)
+    if not targets:
         where = "" if prompt_turns is None else " in its completion"
-        raise refuse(f"has no assistant turn{where} to train on", f"add one, or {EVERY_TOKEN}")
+        weighed = " (each has weight 0)" if turns else ""
+        raise refuse(f"has no assistant turn{where} to train on{weighed}", f"add one, or {EVERY_TOKEN}")
+    turns = targets
     if turns[0] == 0:
         raise refuse(
             "begins with an assistant turn, whose prompt cannot be rendered (no conversation before it)",

@@ -257,5 +257,6 @@ def _key(split: Dataset, name: str, decides: tuple) -> str:
 @functools.cache
 def _code_digest() -> str:
     here = Path(__file__)  # this module and what it calls to encode
-    code = b"".join(here.with_name(name).read_bytes() for name in ("data.py", "rows.py", "conversations.py"))
+    modules = ("data.py", "rows.py", "conversations.py", "headers.py")
+    code = b"".join(here.with_name(name).read_bytes() for name in modules)
     return hashlib.sha256(code).hexdigest()

@@ -47,7 +47,7 @@ from finetune.families.causal_lm.generation import (
     with_exact_match,
 )
 from finetune.families.causal_lm.packing import PackedCollator, forward_inputs, pack_rows, packed_attention
-from finetune.families.family import Evaluator, MicroBatch, metric_choice, refuse_other_families_flags
+from finetune.families.family import Evaluator, MicroBatch, metric_choice
 from finetune.hub import hub_error
 from finetune.model.build import plain_speed
 from finetune.model.gguf_files import as_plain_weights, check_gguf, read_once
@@ -57,20 +57,6 @@ from finetune.output.card import CardParts
 from finetune.speed.attention import computes_in_half, use_causal_varlen_attention
 from finetune.speed.memory import enable_gradient_checkpointing
 from finetune.training.evaluation import EvaluationAbandoned, progress
-
-REFUSED = {  # flag: (the value that asks for it, why this family refuses it)
-    "validation_mismatched_file": (None, "is MNLI's second validation set"),
-    "text_columns": (
-        None,
-        "names a classifier's text columns; causal_lm reads messages, prompt/completion or text",
-    ),
-    "label_column": ("label", "names a classifier's labels"),
-    "calibrate": ("none", "rescales a classifier's softmax"),
-    "long_documents": ("truncate", "windows a classifier's documents; a causal LM truncates at --max_length"),
-    "class_weights": (None, "weighs a classifier's labels"),
-    "label_smoothing_factor": (0.0, "smooths a classifier's labels"),
-    "auto_find_batch_size": (False, "is not measured for causal LMs yet; set --per_device_train_batch_size"),
-}
 
 
 class CausalLM:
@@ -90,7 +76,6 @@ class CausalLM:
         targets' logits whole; set by `build_model`."""
 
     def load(self, config) -> tuple[LmTask, dict]:
-        refuse_other_families_flags(config, self.name, REFUSED)
         if config.chat_template:
             _check_chat_template(config.chat_template)
         task, splits = load_lm_splits(config)

@@ -29,9 +29,11 @@ from finetune.families.causal_lm.conversations import (
     TEMPLATE_FIX,
     appended_tokens,
     end_of_turn,
+    refuse_unwritten_tools,
     render_chat,
     row_tools,
 )
+from finetune.families.causal_lm.headers import refuse_trained_header
 from finetune.families.causal_lm.rows import (
     check_messages,
     check_rows,
@@ -193,7 +195,9 @@ def _prompt_messages(row: dict, fmt: str, evaluated: bool, refuse) -> tuple[list
         return row["prompt"], replies[0] if replies else None
     messages = row["messages"]
     if evaluated:
-        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        # The last turn trained on: one of weight 0 is context the model was not taught to write.
+        targets = (i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("weight") != 0)
+        last = max(targets, default=None)
         if last is None:
             raise refuse("has no assistant turn to compare with", f"add one, or drop {FLAG}")
     else:
@@ -208,7 +212,11 @@ def _render(messages: list[dict], tokenizer, refuse, tools: list | None) -> str:
     tools, as training's)."""
     if not getattr(tokenizer, "chat_template", None):
         raise refuse("is a conversation, but the tokenizer has no chat template", TEMPLATE_FIX)
-    return render_chat(tokenizer, messages, tools, True, refuse, fix=TEMPLATE_FIX)
+    rendered = render_chat(tokenizer, messages, tools, True, refuse, fix=TEMPLATE_FIX)
+    refuse_unwritten_tools(tokenizer, messages, tools, rendered, True, refuse)  # as training refuses them
+    reply = {"role": "assistant", "content": "-"}  # a placeholder: the header is what it is written after
+    refuse_trained_header(tokenizer, [*messages, reply], len(messages), tools, refuse, trains=False)
+    return rendered
 
 
 def left_padded(features: list[dict], pad_token_id: int, multiple: int = 1) -> dict[str, torch.Tensor]:

@@ -122,9 +122,10 @@ def _check_prompt_completion(prompt, completion, number: int, source: str) -> bo
 
 
 def check_messages(messages, column: str, number: int, source: str) -> None:
-    """A list of {"role", "content"} objects: a known role, string content, and no assistant turn that is
-    blank (a target of whitespace would teach the model to answer with nothing) unless it calls tools
-    (OpenAI's and transformers' `tool_calls`, with empty or null content: the template renders the calls)."""
+    """A list of {"role", "content"} objects: a known role, string content, a `weight` only of 0 or 1 on an
+    assistant message, and no assistant turn that is blank (a target of whitespace would teach the model
+    to answer with nothing) unless it calls tools (OpenAI's and transformers' `tool_calls`, with empty or
+    null content: the template renders the calls)."""
     if messages is None:
         raise refusal(source, number, f"has no {column} (null)", f"give it its {column}, or drop the row")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -171,6 +172,7 @@ def check_messages(messages, column: str, number: int, source: str) -> None:
                 f"has a message whose content is not a string ({where}: {type(content).__name__})",
                 "write every message's content as a string",
             )
+        _check_weight(message.get("weight"), role, where, number, source)
         if role == "assistant" and not content.strip() and not calls:
             raise refusal(
                 source,
@@ -178,6 +180,18 @@ def check_messages(messages, column: str, number: int, source: str) -> None:
                 f"has an empty assistant turn ({where})",
                 "write the assistant's reply, or drop the turn",
             )
+
+
+def _check_weight(weight, role: str, where: str, number: int, source: str) -> None:
+    """OpenAI's fine-tuning format: an assistant message's `weight` 0 makes it context, 1 (or none) a
+    target. Any other value, or a weight on another role's message, says something no run can honour."""
+    if weight is None:
+        return
+    fix = "give an assistant message weight 0 (context) or 1 (a target), and no other message a weight"
+    if role != "assistant":
+        raise refusal(source, number, f"has a weight on a {role} message ({where}), which never trains", fix)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or weight not in (0, 1):
+        raise refusal(source, number, f"has an assistant message of weight {weight!r} ({where})", fix)
 
 
 CONVERSATION_COLUMNS = ("messages", "prompt", "completion", "tools")

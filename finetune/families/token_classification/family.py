@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokeni
 
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
-from finetune.families.family import Evaluator, MicroBatch, metric_choice, refuse_other_families_flags
+from finetune.families.family import Evaluator, MicroBatch, metric_choice
 from finetune.families.token_classification.batches import POSITIONS, TagCollator, token_loss
 from finetune.families.token_classification.encoding import encode_splits
 from finetune.families.token_classification.evaluation import evaluate_tags, predict_tags
@@ -25,18 +25,6 @@ from finetune.model.options import loading_error, refuse_checkpoint_dtype
 from finetune.output.card import CardParts
 from finetune.speed.memory import enable_gradient_checkpointing
 
-REFUSED = {  # flag: (the value that asks for it, why this family refuses it)
-    "validation_mismatched_file": (None, "is MNLI's second validation set"),
-    "calibrate": ("none", "rescales a classifier's softmax"),
-    "long_documents": (
-        "truncate",
-        "windows a classifier's documents; token_classification always windows long sentences over words "
-        "(--doc_stride words of overlap)",
-    ),
-    "window_aggregation": ("mean", "merges a classifier's windows; each word is scored in one window"),
-    "predict_with_generate": (False, "generates a causal LM's completions"),
-    "auto_find_batch_size": (False, "is not measured for token classification yet; set the batch size"),
-}
 ADD_PREFIX_SPACE = ("roberta", "deberta", "gpt2", "bloom", "longformer")
 """Byte-level BPE tokenizers that read pre-split words only with a space before each (run_ner's list)."""
 
@@ -47,7 +35,6 @@ class TokenClassification:
     captures_cuda_graphs = False
 
     def load(self, config) -> tuple[TagTask, dict]:
-        refuse_other_families_flags(config, self.name, REFUSED)
         if config.text_column_names and len(config.text_column_names) != 1:
             raise ConfigError(
                 f"--text_columns {config.text_columns}: token_classification reads one column of words; "

@@ -147,6 +147,12 @@ def read_conllu(path: str, column: str, labelled: bool) -> Dataset:
             )
         if "-" in fields[0] or "." in fields[0]:  # a multiword token's range, or an empty node
             continue
+        if not fields[1].strip():
+            raise ConfigError(
+                f"data file {path} line {number}: a blank word (FORM {fields[1]!r}); write the word, or drop "
+                "the line",
+                fix="write the word, or drop the line",
+            )
         sentence.append((fields[1], fields[at]))
     if sentence:
         words.append([w for w, _ in sentence])
@@ -229,6 +235,18 @@ def _check_words(words: list, source: str, column: str) -> None:
             raise ConfigError(
                 f"{source}: row {row} is an empty sentence (no words); drop the row", fix="drop the row"
             )
+        _check_blank(row_words, f"{source}: row {row}")
+
+
+def _check_blank(words: list[str], where: str) -> None:
+    """A blank word (empty, or whitespace alone) is no word: the tokenizer gives it no token, so its tag
+    would train on nothing and its prediction would be a guess; refused naming its position."""
+    blank = next((i for i, word in enumerate(words) if not word.strip()), None)
+    if blank is not None:
+        raise ConfigError(
+            f"{where} has a blank word (word {blank}: {words[blank]!r}); drop it (and its tag), or write it",
+            fix="drop the blank word (and its tag), or write it",
+        )
 
 
 def _check_texts(texts: list, source: str) -> None:
