@@ -80,6 +80,20 @@ def check_across_groups(config: TrainConfig) -> None:
             "classifier's folder without it",
             flag="--gguf_file",
         )
+    bits = config.quantized_bits
+    if bits and not config.use_peft:
+        raise ConfigError(
+            f"--load_in_{bits}bit freezes the base in {bits} bits, which cannot take updates; add --use_peft "
+            "(LoRA adapters train beside it)",
+            flag=f"--load_in_{bits}bit",
+            fix="add --use_peft",
+        )
+    if bits and config.gguf_file:
+        raise ConfigError(
+            f"--load_in_{bits}bit with --gguf_file: transformers cannot quantize a GGUF checkpoint while it "
+            f"dequantises it; drop --load_in_{bits}bit, or give the model's safetensors folder",
+            flag=f"--load_in_{bits}bit",
+        )
     if config.eval_strategy == "steps" and config.eval_steps is None:
         default(config, "eval_steps", config.logging_steps)  # as Hugging Face Trainer does
     if config.early_stopping_patience is not None and not config.evaluates_training:

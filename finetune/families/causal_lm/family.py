@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import DynamoBackend
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
@@ -42,6 +42,7 @@ from finetune.model.build import plain_speed
 from finetune.model.gguf_files import as_plain_weights, check_gguf, read_once
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
+from finetune.model.quantization import keeping_head
 from finetune.output.card import CardParts
 from finetune.speed.attention import computes_in_half, use_causal_varlen_attention
 from finetune.speed.memory import enable_gradient_checkpointing
@@ -263,6 +264,9 @@ def _load(args, loading: dict):
         loading = {**loading, "gguf_file": args.gguf_file}
         reading = read_once()
     try:
+        if "quantization_config" in loading:  # the output embeddings and --lora_modules_to_save stay
+            architecture = AutoConfig.from_pretrained(name, **hub)
+            loading = keeping_head(loading, AutoModelForCausalLM, architecture, "CAUSAL_LM")
         with reading:
             tokenizer = AutoTokenizer.from_pretrained(name, **hub)
             model = AutoModelForCausalLM.from_pretrained(name, **loading)
