@@ -186,10 +186,19 @@ def load_quantized_checkpoint(model: nn.Module, folder: Path) -> None:
             f"--resume_from_checkpoint {folder}: the quantized base differs from the checkpoint's "
             f"({changed[0]}); resume from the model files and bitsandbytes version that wrote it"
         )
-    quantized = set(quantized)
-    rest = {name: tensor for name, tensor in saved.items() if name not in quantized}
+    load_all_but_quantized(model, saved)
+
+
+def load_all_but_quantized(model: nn.Module, state: dict) -> None:
+    """`state` (the model's full state) into the model, but for its quantized layers' weights and
+    constants, which are frozen (and which bitsandbytes cannot load into a quantized layer); strict
+    about everything else."""
+    layers = quantized_layers(model)
+    rest = {name: tensor for name, tensor in state.items() if not is_quantized_entry(name, layers)}
     missing, unexpected = model.load_state_dict(rest, strict=False)
-    assert not unexpected and set(missing) <= quantized, (missing, unexpected)
+    left_out = [name for name in missing if not is_quantized_entry(name, layers)]
+    if unexpected or left_out:
+        raise ValueError(f"weights this model lacks or misses: {', '.join([*unexpected, *left_out][:3])}")
 
 
 def loading_quantized_models(models: list, input_dir: str) -> None:

@@ -30,7 +30,7 @@ from finetune.mnli import cli, main  # noqa: E402
 from finetune.model.quantization import quantization_options  # noqa: E402
 from tests.chat_models import build_tiny_lm  # noqa: E402
 from tests.e2e.test_sft import conversation, write_jsonl  # noqa: E402
-from tests.helpers import refused, reset_accelerate, tiny_args, weights  # noqa: E402
+from tests.helpers import refused, reset_accelerate, shifted_validation, tiny_args, weights  # noqa: E402
 from tests.tagging_data import sentences, tiny_tagger  # noqa: E402
 from tests.tagging_data import write_jsonl as write_tags  # noqa: E402
 
@@ -204,6 +204,21 @@ def test_a_4bit_checkpoint_resumes_bitwise_and_holds_the_base_as_quantized(
     for name in quantized_entries:
         module, _, rest = name.partition(".weight")
         assert torch.equal(saved[f"base_model.model.{module}.base_layer.weight{rest}"], fresh[name]), name
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_best_adapter_is_put_back_on_the_quantized_base(bits, tiny_model_dir, nli_files, tmp_path):
+    """--load_best_model_at_end with a best evaluation before the last: the exported model is the best
+    step's and scores the best evaluation."""
+    out = tmp_path / "out"
+    flags = [*LORA, f"--load_in_{bits}bit", "--eval_strategy", "steps", "--eval_steps", "8"]
+    results = main(tiny_args(tiny_model_dir, shifted_validation(nli_files, tmp_path), out, *flags))
+    assert results["best_step"] < results["global_step"]  # the test needs a best before the end
+    assert results["exported_model_step"] == results["best_step"]
+    assert results["eval_matched_accuracy"] == results["best_evaluation"]["eval_matched_accuracy"]
+    best = load_file(out / "best_model" / "adapter" / "adapter_model.safetensors")
+    exported = load_file(out / "adapter" / "adapter_model.safetensors")
+    assert best.keys() == exported.keys() and all(torch.equal(best[k], exported[k]) for k in best)
 
 
 def test_a_checkpoint_of_a_16bit_run_is_not_resumed_in_4bit(tiny_model_dir, nli_files, tmp_path, capsys):
