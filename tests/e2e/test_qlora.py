@@ -221,6 +221,23 @@ def test_the_best_adapter_is_put_back_on_the_quantized_base(bits, tiny_model_dir
     assert best.keys() == exported.keys() and all(torch.equal(best[k], exported[k]) for k in best)
 
 
+@pytest.mark.multiprocess
+def test_4bit_on_two_processes_ddp_keeps_replicas_equal(tiny_model_dir, nli_files, tmp_path):
+    """DDP over 2 real processes (gloo): each holds the whole 4-bit base on its own device, the adapters'
+    gradients are all-reduced, the replicas end identical, and rank 0 exports the plain merged model."""
+    from tests.warm_ranks import CPU_2, run_ranks
+
+    out = tmp_path / "out"
+    args = tiny_args(tiny_model_dir, nli_files, out, *LORA, "--load_in_4bit", "--max_train_steps", "3")
+    done = run_ranks(args, CPU_2)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["world_size"] == 2 and results["replicas_identical"] is True
+    assert results["base_quantization"].startswith("4-bit")
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    assert weights(out).keys() == weights(tiny_model_dir).keys()
+
+
 def test_a_checkpoint_of_a_16bit_run_is_not_resumed_in_4bit(tiny_model_dir, nli_files, tmp_path, capsys):
     out = tmp_path / "out"
     main(tiny_args(tiny_model_dir, nli_files, out, *LORA, *STEPS))
