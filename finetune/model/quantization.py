@@ -160,7 +160,11 @@ def describe_quantization(config) -> str | None:
         nested = ", nested quantization" if config.use_bnb_nested_quant else ""
         return f"4-bit {config.bnb_4bit_quant_type} (bitsandbytes{nested}); exported dequantised and merged"
     if config.load_in_8bit:
-        return "8-bit LLM.int8() (bitsandbytes); exported dequantised and merged"
+        # Its forward rounds activations to 8 bits too: the metrics are not quite the export's.
+        return (
+            "8-bit LLM.int8() (bitsandbytes); exported dequantised and merged; metrics from the 8-bit "
+            "forward, which also rounds activations"
+        )
     return None
 
 
