@@ -10,7 +10,7 @@ in bitsandbytes' 4 or 8 bits and frozen, adapters and the head trained beside th
   in a 16-bit LoRA run (so the two differ only in the quantized Linear weights), and
   --gradient_checkpointing is the toolkit's non-reentrant one, which needs no input gradients.
 - Export: each quantized weight dequantised to the base's dtype, then the adapters merged in that dtype
-  (peft's merge_and_unload into a Linear4bit re-quantizes base + B·A, losing most of the update).
+  (peft's merge_and_unload into a Linear4bit re-quantizes base + B·A, rounding the update to 4 bits with it).
 - Resume: a checkpoint holds the quantized weights with their constants; they are compared with the
   ones this load quantized (bitsandbytes quantizes a given weight the same way every time) instead of
   loaded, which bitsandbytes cannot do into an already quantized layer.
