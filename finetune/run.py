@@ -30,6 +30,7 @@ from finetune.model.flops import flops_per_token
 from finetune.model.lora import describe_parameters, parameter_counts
 from finetune.model.optimizer import build_optimizer
 from finetune.model.options import loading_options
+from finetune.model.quantization import describe_quantization, quantization_options
 from finetune.output.card import changed_flags, weights_by_label
 from finetune.output.export import export_model
 from finetune.output.lock import holds_lock, release_lock, take_lock
@@ -110,7 +111,11 @@ def predict_with_finished(args: TrainConfig, finished: dict, build=None) -> dict
         do_train=False,
         resume_from_checkpoint=None,
         overwrite_output_dir=True,
-        use_peft=False,  # the root holds the merged model
+        use_peft=False,  # the root holds the merged model, dequantised
+        load_in_4bit=False,
+        load_in_8bit=False,
+        bnb_4bit_quant_type="nf4",
+        use_bnb_nested_quant=False,
         calibrate="none",  # and its head is calibrated already
         early_stopping_patience=None,
         validation_split_percentage=None,  # no training rows to carve from
@@ -161,6 +166,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     set_seed(args.seed)
     bf16_native = bf16_is_fast()
     loading = loading_options(args, accelerator.device.type, bf16_native)  # refusals before the data
+    loading.update(quantization_options(args, accelerator))  # --load_in_4bit / 8bit
     check_model_source(args.model_name_or_path, args.model_revision, args.gguf_file, args.task_type)
     check_push(args.push_to_hub)
     family = family_for(args.task_type)  # what the run learns: its data, model head, loss and metrics
@@ -336,6 +342,8 @@ def execute(run: Run) -> dict:
     results["task"] = task.summary()  # the rows as read: kept, truncated, dropped (no target), and notes
     results.update(describe_runtime(accelerator))
     results.update(parameter_counts(accelerator.unwrap_model(run.model)))
+    if describe_quantization(config):  # the metrics are the exported (dequantised) model's
+        results["base_quantization"] = describe_quantization(config)
     # Collective: DDP keeps replicas equal by construction; this proves it for this run.
     results["replicas_identical"] = replicas_identical(accelerator, run.model)
     write_run_record(run, results, predictions)  # rank 0's files; results.json last

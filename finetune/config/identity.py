@@ -25,7 +25,8 @@ IDENTITY_FLAGS = (
     "completion_only_loss", "assistant_only_loss", "packing", "label_names", "label_all_tokens",
     # model
     "model_revision", "gguf_file", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
-    "lora_target_modules", "lora_modules_to_save",
+    "lora_target_modules", "lora_modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
+    "use_bnb_nested_quant",
     # batches and optimization
     "group_by_length", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
     "max_train_steps", "learning_rate", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "weight_decay",
@@ -134,6 +135,10 @@ def _compared(flag: str, config: TrainConfig) -> bool:
 # before the flag), so a finished uncalibrated run is not taken for a calibrated one.
 ADDED_LATER = {
     "task_type": "sequence_classification",
+    "load_in_4bit": False,
+    "load_in_8bit": False,
+    "bnb_4bit_quant_type": "nf4",
+    "use_bnb_nested_quant": False,
     "gguf_file": None,
     "tokenizer": None,
     "completion_only_loss": True,

@@ -9,6 +9,7 @@ from finetune.errors import ConfigError
 
 TorchDtype = Literal["auto", "bfloat16", "float16", "float32"]
 AttnImplementation = Literal["sdpa", "eager", "flash_attention_2"]
+QuantType = Literal["nf4", "fp4"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,17 @@ class ModelArgs:
     all-linear: every Linear layer but the head."""
     lora_modules_to_save: list[str] | None = None
     """Modules trained in full beside the adapters (e.g. lm_head); default: the classification head."""
+    load_in_4bit: bool = False
+    """QLoRA (with --use_peft): the base's Linear weights held in 4 bits (bitsandbytes) and frozen, the
+    head and --lora_modules_to_save kept in --torch_dtype; the export dequantises the base to its dtype and
+    merges the adapters into it."""
+    load_in_8bit: bool = False
+    """As --load_in_4bit, with the base's Linear weights held in 8 bits (bitsandbytes LLM.int8())."""
+    bnb_4bit_quant_type: QuantType = "nf4"
+    """--load_in_4bit's data type: nf4 (NormalFloat, QLoRA's) or fp4."""
+    use_bnb_nested_quant: bool = False
+    """--load_in_4bit: quantize the quantization constants too (QLoRA's double quantization, ~0.4 bits
+    per weight less)."""
 
     def __post_init__(self):
         """Checks of this group's flags alone; module lists split at commas too (PEFT's CLIs take both)."""
@@ -63,6 +75,21 @@ class ModelArgs:
             raise ConfigError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
         if "all-linear" in self.lora_target_modules and len(self.lora_target_modules) > 1:
             raise ConfigError("--lora_target_modules: give all-linear alone, or module names without it")
+        if self.load_in_4bit and self.load_in_8bit:
+            raise ConfigError(
+                "--load_in_4bit and --load_in_8bit: a base is held in one of them; drop one",
+                flag="--load_in_8bit",
+                fix="drop --load_in_4bit or --load_in_8bit",
+            )
+        if not self.load_in_4bit and (self.bnb_4bit_quant_type != "nf4" or self.use_bnb_nested_quant):
+            flag = "--use_bnb_nested_quant" if self.use_bnb_nested_quant else "--bnb_4bit_quant_type"
+            raise ConfigError(f"{flag} sets how --load_in_4bit quantizes; add --load_in_4bit or drop {flag}",
+                              flag=flag)  # fmt: skip
+
+    @property
+    def quantized_bits(self) -> int | None:
+        """4 or 8: the bits bitsandbytes holds the base's Linear weights in; None: not quantized."""
+        return 4 if self.load_in_4bit else 8 if self.load_in_8bit else None
 
     @property
     def hub_options(self) -> dict:

@@ -96,6 +96,20 @@ def check_across_groups(config: TrainConfig) -> None:
     task = config.task_name if config.task_type == "sequence_classification" else config.task_type
     default(config, "output_dir", config.output_dir or f"outputs/{task}")
     default(config, "project_name", config.project_name or f"finetune-{task}")
+    bits = config.quantized_bits
+    if bits and not config.use_peft:
+        raise ConfigError(
+            f"--load_in_{bits}bit freezes the base in {bits} bits, which cannot take updates; add --use_peft "
+            "(LoRA adapters train beside it)",
+            flag=f"--load_in_{bits}bit",
+            fix="add --use_peft",
+        )
+    if bits and config.gguf_file:
+        raise ConfigError(
+            f"--load_in_{bits}bit with --gguf_file: transformers cannot quantize a GGUF checkpoint while it "
+            f"dequantises it; drop --load_in_{bits}bit, or give the model's safetensors folder",
+            flag=f"--load_in_{bits}bit",
+        )
     if config.eval_strategy == "steps" and config.eval_steps is None:
         # --logging_steps, as Hugging Face Trainer does; unset: its fixed default, not the run's resolved
         # one, which would evaluate a short run at every step

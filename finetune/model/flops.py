@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from finetune.model.lora import training_flops_per_token
+from finetune.model.quantization import weight_count
 
 
 def non_embedding_parameters(model: torch.nn.Module) -> int:
@@ -16,7 +17,7 @@ def non_embedding_parameters(model: torch.nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, torch.nn.Embedding):
             excluded.update(id(p) for p in module.parameters())
-    return sum(p.numel() for p in model.parameters() if id(p) not in excluded)
+    return sum(weight_count(p) for p in model.parameters() if id(p) not in excluded)  # 4-bit: unpacked
 
 
 def flops_per_token(model, use_peft: bool) -> int:

@@ -13,6 +13,7 @@ from finetune.data.tasks import Task
 from finetune.errors import ConfigError
 from finetune.hub import hub_error
 from finetune.model.options import loading_error
+from finetune.model.quantization import keeping_head
 
 
 def load_model_and_tokenizer(
@@ -44,6 +45,7 @@ def load_model_and_tokenizer(
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path, **hub)
         replaced = _head_replaced(model_name_or_path, task, hub)
         model_config = AutoConfig.from_pretrained(model_name_or_path, **hub, **head)
+        loading = keeping_head(loading, AutoModelForSequenceClassification, model_config, "SEQ_CLS")
         # A head of another size is new anyway: transformers initializes it instead of refusing.
         model = AutoModelForSequenceClassification.from_pretrained(
             model_name_or_path, config=model_config, ignore_mismatched_sizes=replaced, **loading

@@ -17,6 +17,7 @@ from pathlib import Path
 from torch import nn
 
 from finetune.errors import ConfigError
+from finetune.model.quantization import dequantized_state, plain_config, weight_count
 
 ADAPTER_DIR = "adapter"
 
@@ -117,7 +118,7 @@ def parameter_counts(model: nn.Module) -> dict:
     params = list(model.parameters())
     return {
         "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
-        "total_parameters": sum(p.numel() for p in params),
+        "total_parameters": sum(weight_count(p) for p in params),  # 4-bit: the weights, not the bytes
     }
 
 
@@ -138,9 +139,11 @@ def save_merged_and_adapter(model: nn.Module, state_dict: dict, output_dir: str 
 
     base = model.get_base_model()
     adapter = model.peft_config[model.active_adapter]
+    # --load_in_4bit/8bit: the base dequantised to its dtype, then merged there (quantization.py).
+    state_dict = dequantized_state(model, state_dict)
     with init_empty_weights(include_buffers=False):  # buffers (position ids) stay real: not in state_dict
         # A copy: get_peft_model extends the config's modules_to_save in place.
-        fresh = get_peft_model(type(base)(base.config), copy.deepcopy(adapter))
+        fresh = get_peft_model(type(base)(plain_config(base.config)), copy.deepcopy(adapter))
     # Merging adds B·A into each adapted layer's base weight in place; without DDP or FSDP
     # state_dict holds the training model's own tensors, so those are copied first.
     copied = {name: t.clone() if ".base_layer." in name else t for name, t in state_dict.items()}

@@ -133,6 +133,11 @@ def write_model_card(
         f"- steps: {results.get('global_step')} optimizer steps, {results.get('epoch')} epochs"
         + (" (stopped early)" if results.get("stopped_early") else ""),
         *_exported_model_line(config, results),
+        *(
+            [f"- base weights: trained in {results['base_quantization']}"]
+            if results.get("base_quantization")
+            else []
+        ),
         *([f"- class weights: {weights_by_label(task)}"] if weights_by_label(task) else []),
         _long_documents_line(config),
         f"- hardware: {machine}, mixed precision {results.get('mixed_precision')}",

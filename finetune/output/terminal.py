@@ -31,6 +31,9 @@ def quiet_libraries() -> None:
     # (data/sources.py load_data_file).
     logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
     transformers.utils.logging.set_verbosity_error()
+    # --load_in_8bit: "MatMul8bitLt: inputs will be cast from torch.float32 to float16" at every forward;
+    # LLM.int8() rounds activations by design (docs/qlora.md says what that does to the metrics).
+    logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     # peft reads transformers' deprecated `is_gradient_checkpointing` as it wraps every causal LM.
     warnings.filterwarnings(
         "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning

@@ -11,6 +11,7 @@ from finetune.config.train_config import TrainConfig
 from finetune.distributed.signals import StopSignals
 from finetune.errors import TrainingFailed
 from finetune.model.lora import ADAPTER_DIR, is_peft_model, with_adapter_weights
+from finetune.model.quantization import load_all_but_quantized, quantized_layers
 from finetune.output.export import export_model
 from finetune.output.writing import writing
 from finetune.training.checkpoint import BEST_MODEL_DIR, BEST_RECORD, TrainState
@@ -102,7 +103,10 @@ def load_best_model(accelerator, model, output_dir: str) -> None:
         if not lora:
             _check_fits(unwrapped, state, folder)
         # A merged checkpoint leaves out tied weights (_check_fits allows for them), a LoRA state nothing.
-        unwrapped.load_state_dict(state, strict=lora)
+        if quantized_layers(unwrapped):  # --load_in_4bit/8bit: the frozen quantized base stays as it is
+            load_all_but_quantized(unwrapped, state)
+        else:
+            unwrapped.load_state_dict(state, strict=lora)
     accelerator.wait_for_everyone()
 
 

@@ -20,6 +20,7 @@ from safetensors import safe_open
 from finetune.config.identity import refuse_other_run
 from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError, TrainingFailed, _reason
+from finetune.model.quantization import loading_quantized_models
 from finetune.output.modes import follow_umask
 
 PREFIX = "checkpoint-"
@@ -292,7 +293,12 @@ def load_checkpoint(accelerator, path: Path, identity: dict) -> TrainState:
                 f"--resume_from_checkpoint {path}: {rng_file.name} is missing; the checkpoint is incomplete"
             )
         safe_load(rng_file)
-        accelerator.load_state(str(path))
+        # A quantized base loads its own way (bitsandbytes refuses a strict load into its layers).
+        handle = accelerator.register_load_state_pre_hook(loading_quantized_models)
+        try:
+            accelerator.load_state(str(path))
+        finally:
+            handle.remove()
     except pickle.UnpicklingError:
         raise ConfigError(
             f"--resume_from_checkpoint {path}: a file there holds Python objects other than tensors and "

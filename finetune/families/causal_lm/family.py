@@ -53,6 +53,7 @@ from finetune.model.build import plain_speed
 from finetune.model.gguf_files import as_plain_weights, check_gguf, read_once
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
+from finetune.model.quantization import keeping_head
 from finetune.output.card import CardParts
 from finetune.speed.attention import computes_in_half, use_causal_varlen_attention
 from finetune.speed.memory import enable_gradient_checkpointing
@@ -294,6 +295,9 @@ def _load(args, loading: dict):
     try:
         if not args.gguf_file:  # a GGUF file holds a causal LM's weights, or transformers refuses it
             _refuse_without_lm_head(name, AutoConfig.from_pretrained(name, **hub))
+        if "quantization_config" in loading:  # the output embeddings and --lora_modules_to_save stay
+            architecture = AutoConfig.from_pretrained(name, **hub)
+            loading = keeping_head(loading, AutoModelForCausalLM, architecture, "CAUSAL_LM")
         with reading:
             tokenizer = AutoTokenizer.from_pretrained(name, **hub)
             model = AutoModelForCausalLM.from_pretrained(name, **loading)

@@ -22,6 +22,7 @@ from finetune.model.build import plain_speed
 from finetune.model.loading import _reset_head
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
+from finetune.model.quantization import keeping_head
 from finetune.output.card import CardParts
 from finetune.speed.memory import enable_gradient_checkpointing
 
@@ -138,6 +139,7 @@ def _load(args, task: TagTask, loading: dict):
         spaced = {"add_prefix_space": True} if model_type in ADD_PREFIX_SPACE else {}
         tokenizer = AutoTokenizer.from_pretrained(name, **hub, **spaced)
         model_config = AutoConfig.from_pretrained(name, **hub, **head)
+        loading = keeping_head(loading, AutoModelForTokenClassification, model_config, "TOKEN_CLS")
         model = AutoModelForTokenClassification.from_pretrained(
             name, config=model_config, ignore_mismatched_sizes=not kept, **loading
         )
