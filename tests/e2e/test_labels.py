@@ -139,7 +139,6 @@ def test_custom_classification_metrics_class_weights_and_a_carved_validation_spl
         (["--class_weights", "1,2"], "--class_weights has 2 weights; give one per label"),
         (["--validation_split_percentage", "0"], "--validation_split_percentage must be in 1..99"),
         (["--validation_split_percentage", "10", "--validation_file", "v.jsonl"], "no --validation_file"),
-        ([], "or --validation_split_percentage"),
         (["--metric_for_best_model", "eval_f1_nope"], "--metric_for_best_model eval_f1_nope"),
     ],
 )

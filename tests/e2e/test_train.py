@@ -224,7 +224,7 @@ def test_save_total_limit_keeps_the_newest(tiny_model_dir, nli_files, tmp_path):
 def test_refuses_to_overwrite_a_finished_run(trained, tiny_model_dir, nli_files):
     output_dir, _ = trained
     before = (output_dir / "results.json").read_bytes()
-    with refused("--output_dir", "--overwrite_output_dir"):
+    with refused("--num_train_epochs", "--overwrite_output_dir"):  # the flag that differs, named
         main(tiny_args(tiny_model_dir, nli_files, output_dir))
     assert (output_dir / "results.json").read_bytes() == before
 

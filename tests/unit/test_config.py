@@ -454,7 +454,7 @@ ASKING = {
     "auto_find_batch_size": [], "completion_only_loss": ["false"], "assistant_only_loss": ["false"],
     "chat_template": ["t.jinja"], "gguf_file": ["m.gguf"], "packing": [], "predict_with_generate": [],
     "generation_max_new_tokens": ["8"], "padding_free": ["varlen"], "dropout_kernel": ["packed"],
-    "cuda_graphs": ["true"],
+    "cuda_graphs": ["true"], "chunked_loss": ["true"], "chunked_loss_tokens": ["64"],
 }  # fmt: skip
 """A value of each family's flag that asks for what only its families do."""
 FAMILIES = ("sequence_classification", "causal_lm", "token_classification")

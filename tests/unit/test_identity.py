@@ -137,20 +137,24 @@ def test_a_finished_run_is_found_only_by_its_own_identity(tiny_model_dir, nli_fi
     (out / "results.json").write_text(json.dumps({"global_step": 9}))
     (out / "train_config.json").write_text(json.dumps({"identity": identity_of(args)}))
     predict = ["--do_predict", "--test_file", "x.csv"]
-    # Without --predict_with_generate the length of a generation sets only the predictions' length.
-    longer = [*predict, "--generation_max_new_tokens", "32"]
-    for same in ([], predict, ["--report_to", "tensorboard"], longer):
+    for same in ([], predict, ["--report_to", "tensorboard"]):
         config = parse_config([*args, *same])
         assert finished_run(config, run_identity(config, 1)) == {"global_step": 9}
     for other in (["--label_separator", ";"], ["--class_weights", "balanced"], ["--seed", "1"]):
         config = parse_config([*args, *other])
         assert finished_run(config, run_identity(config, 1)) is None
+    # A causal LM's: without --predict_with_generate the length of a generation sets only the predictions'.
+    lm = [*args, "--task_type", "causal_lm"]
+    (out / "train_config.json").write_text(json.dumps({"identity": identity_of(lm)}))
+    for same in ([], predict, [*predict, "--generation_max_new_tokens", "32"]):
+        config = parse_config([*lm, *same])
+        assert finished_run(config, run_identity(config, 1)) == {"global_step": 9}
 
 
 def test_generation_length_is_the_same_run_unless_evaluations_generate(tiny_model_dir, nli_files, tmp_path):
     """--generation_max_new_tokens decides the run only through --predict_with_generate's evaluations
     (their eval_exact_match can pick the model); otherwise only the predictions' length."""
-    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out")
+    args = tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--task_type", "causal_lm")
     assert differences(identity_of(args), identity_of([*args, "--generation_max_new_tokens", "32"])) == []
     generating = [*args, "--predict_with_generate"]
     assert differences(

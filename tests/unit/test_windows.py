@@ -216,13 +216,12 @@ def test_document_weighting_needs_sliding_window_and_is_its_default():
     ],
 )
 def test_window_flags_on_a_family_without_sliding_window_advise_dropping_them(task_type, flags, flag):
-    """These families refuse --long_documents sliding_window (their REFUSED tables), so advising it only
-    moved the refusal: the fix is to drop the flag, and with it dropped the config is taken."""
-    from finetune.families.causal_lm.family import REFUSED as CAUSAL_REFUSED
-    from finetune.families.token_classification.family import REFUSED as TAGGING_REFUSED
+    """These families refuse --long_documents (config/families.py: classifiers read it), so advising
+    --long_documents sliding_window only moved the refusal: the fix is to drop the flag, and with it
+    dropped the config is taken."""
+    from finetune.config.families import OWNERS
 
-    refuses = {"causal_lm": CAUSAL_REFUSED, "token_classification": TAGGING_REFUSED}[task_type]
-    assert refuses["long_documents"][0] == "truncate"  # the old advice, refused by the family
+    assert task_type not in OWNERS["long_documents"].families  # the old advice, refused for the family
     files = {"train_file": "t.jsonl", "validation_file": "v.jsonl"}
     with pytest.raises(ConfigError) as refused:
         TrainConfig(task_type=task_type, **files, **flags)
