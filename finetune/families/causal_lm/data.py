@@ -74,8 +74,9 @@ def _notes(counts: dict) -> str:
     return (f" ({', '.join(notes)})" if notes else "") + packed
 
 
-def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
-    """The task and its raw splits (train, validation, test as the run needs them), checked row by row."""
+def read_raw_splits(config) -> tuple[dict[str, Dataset], dict[str, str]]:
+    """The splits the run needs (train, validation, test), as read from the files or --dataset_name, and
+    where each came from (for messages). Shared with the DPO family (dpo/data.py)."""
     wanted = {
         "train": config.do_train or config.carves_validation,
         "validation": not config.carves_validation and (config.evaluates_training or not config.do_train),
@@ -87,6 +88,23 @@ def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
         splits = {name: load_data_file(path, ()) for name, path in sources.items()}
     else:
         splits, sources = load_dataset_splits(config, None, wanted, (), labelled=False)
+    return splits, sources
+
+
+def carved_and_limited(splits: dict[str, Dataset], config, sources: dict[str, str]) -> dict[str, Dataset]:
+    """The checked splits with --validation_split_percentage's validation rows carved from training, and
+    --max_train_samples / --max_eval_samples applied (the first rows kept)."""
+    if config.carves_validation:
+        splits["train"], splits["validation"] = _carve_validation(splits["train"], config, sources["train"])
+    for name, limit in (("train", config.max_train_samples), ("validation", config.max_eval_samples)):
+        if name in splits and limit is not None and limit < len(splits[name]):
+            splits[name] = splits[name].select(range(limit))
+    return splits
+
+
+def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
+    """The task and its raw splits (train, validation, test as the run needs them), checked row by row."""
+    splits, sources = read_raw_splits(config)
     formats = {}
     for name, split in splits.items():
         if name == "test":  # prompts to complete, with no completion to train on
@@ -97,11 +115,8 @@ def load_lm_splits(config) -> tuple[LmTask, dict[str, Dataset]]:
         formats[name] = _conversational(fmt, split)
         check_assistant_turns(split, formats[name], config, sources[name])
     if config.carves_validation:
-        splits["train"], splits["validation"] = _carve_validation(splits["train"], config, sources["train"])
         formats["validation"] = formats["train"]
-    for name, limit in (("train", config.max_train_samples), ("validation", config.max_eval_samples)):
-        if name in splits and limit is not None and limit < len(splits[name]):
-            splits[name] = splits[name].select(range(limit))
+    splits = carved_and_limited(splits, config, sources)
     trained = {n: f for n, f in formats.items() if n != "test"}
     if len(set(trained.values())) > 1:
         shown = ", ".join(f"{sources[n]}: {FORMAT_WORDS[f]}" for n, f in trained.items())
