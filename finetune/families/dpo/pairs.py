@@ -1,0 +1,99 @@
+"""One preference pair as two token sequences (the prompt, then the chosen or the rejected completion) with
+their loss masks, encoded by the SFT family's own rules (finetune/families/causal_lm/conversations.py) so
+that a completion's targets are those SFT trains on: a string completion and the EOS after it (appended
+once: a completion that ends with it, or a tokenizer that appends it, gets no second one), a
+conversational completion's assistant turns through their end-of-turn token; then both cut to
+--max_length by `truncation`'s rule."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from finetune.families.causal_lm.conversations import IGNORE, encode_examples
+from finetune.families.causal_lm.rows import refusal
+
+NO_LIMIT = sys.maxsize
+"""The SFT encoder's max_length here: a pair is cut by `truncation`, which keeps the prompt's end."""
+
+
+@dataclass(frozen=True)
+class Side:
+    """One of a pair's sequences: the prompt's tokens then the completion's, and their labels (-100 but at
+    the completion's targets, aligned with the ids, not shifted)."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+    @property
+    def targets(self) -> int:
+        """Predicted targets: the first token has nothing before it, so it never counts (as SFT's)."""
+        return sum(label != IGNORE for label in self.labels[1:])
+
+
+@dataclass(frozen=True)
+class Pair:
+    chosen: Side
+    rejected: Side
+    truncated: bool
+    """Whether the prompt and the longer completion had more than max_length tokens."""
+
+
+def encode_pair(prompt, chosen, rejected, tools, tokenizer, *, max_length: int, row_number: int, source: str,
+                appended: list[int]) -> Pair:  # fmt: skip
+    """The pair (strings, or lists of messages with the row's `tools`) as SFT encodes a prompt-completion
+    row of it with --completion_only_loss and --assistant_only_loss, then cut by `truncation`. The prompt
+    is the tokens both sequences share before either's first target (a conversation's generation prompt
+    included), so cutting it keeps the two sequences' prompts the same."""
+    sides = []
+    for completion in (chosen, rejected):
+        row = {"prompt": prompt, "completion": completion, "tools": tools}
+        examples = encode_examples(
+            row, "prompt_completion", tokenizer, max_length=NO_LIMIT, completion_only_loss=True,
+            assistant_only_loss=True, row_number=row_number, source=source, appended=appended,
+        )  # fmt: skip
+        if len(examples) > 1:  # a template that renders answered turns otherwise (Qwen3's reasoning)
+            raise refusal(
+                source,
+                row_number,
+                "has a completion of several assistant turns that the chat template renders otherwise once "
+                "later turns follow, so it has no one sequence to score",
+                "give completions of one assistant turn",
+            )
+        sides.append(examples[0])
+    first_targets = [_first_target(side.labels) for side in sides]
+    shared = _common_length(sides[0].input_ids, sides[1].input_ids)
+    prompt_length = min(*first_targets, shared)
+    completions = [len(side.input_ids) - prompt_length for side in sides]
+    kept_prompt, kept_completion = truncation(prompt_length, max(completions), max_length)
+    start, cut = prompt_length - kept_prompt, [prompt_length + kept_completion] * 2
+    cut_sides = [
+        Side(side.input_ids[start:end], side.labels[start:end]) for side, end in zip(sides, cut, strict=True)
+    ]
+    truncated = prompt_length + max(completions) > max_length
+    return Pair(*cut_sides, truncated)
+
+
+def truncation(prompt: int, completion: int, max_length: int) -> tuple[int, int]:
+    """A pair longer than --max_length tokens (its prompt and its longer completion) keeps the prompt's end
+    and the completions' start: each completion keeps up to the same number of tokens, at least
+    min(its length, max_length // 2) while the prompt is cut first, and the prompt keeps its last tokens
+    that fit beside them (its first ones, a BOS among them, are dropped, as TRL's "keep_end").
+
+    Returns (prompt tokens kept, completion tokens kept at most), for `prompt` and `completion` (the
+    longer completion's) lengths. A pair within max_length keeps everything."""
+    if prompt + completion <= max_length:
+        return prompt, completion
+    kept_completion = min(completion, max(max_length - prompt, max_length // 2))
+    return min(prompt, max_length - kept_completion), kept_completion
+
+
+def _first_target(labels: list[int]) -> int:
+    return next((i for i, label in enumerate(labels) if label != IGNORE), len(labels))
+
+
+def _common_length(first: list[int], second: list[int]) -> int:
+    shared = 0
+    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
+        shared += 1
+    return shared
