@@ -122,6 +122,21 @@ def test_an_implicit_conversation_prompt_is_the_messages_both_share(tmp_path, ch
     assert implicit["train"][0] == explicit["train"][0]
 
 
+def test_an_implicit_conversation_in_parquet_shares_the_turns_arrow_pads_with_nulls(tmp_path, chatml):
+    """Arrow gives a column's messages every field any of them has: chosen's system turn reads with the
+    `weight` its reply has, rejected's without, and they are still the same prompt turn."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row = {"chosen": PROMPT + [CHOSEN[0] | {"weight": 1}], "rejected": PROMPT + REJECTED}
+    pq.write_table(pa.Table.from_pylist([row]), tmp_path / "train.parquet")
+    config = config_for(str(tmp_path / "train.parquet"))
+    task, splits = load_preference_splits(config)
+    pair = encode_pairs(task, splits, chatml, config, ONE_PROCESS)["train"][0]
+    _, explicit = encoded(tmp_path, [{"prompt": PROMPT, "chosen": CHOSEN, "rejected": REJECTED}], chatml)
+    assert task.format == "implicit_conversational" and pair == explicit["train"][0]
+
+
 # Masks: SFT's
 
 

@@ -79,10 +79,9 @@ class PreferenceTask:
             source = self.sources.get(name, name)
             if name == "test":  # encode_prompts' counts
                 truncated = f" ({counts['truncated']:,} truncated)" if counts["truncated"] else ""
-                prompts = f"{counts['rows']:,} prompt{'' if counts['rows'] == 1 else 's'}"
-                parts.append(f"test: {prompts} from {source}{truncated}")
+                parts.append(f"test: {_counted(counts['rows'], 'prompt')} from {source}{truncated}")
                 continue
-            part = f"{counts['pairs']:,} pairs{'' if parts else ' ' + words} from {source}"
+            part = f"{_counted(counts['pairs'], 'pair')}{'' if parts else ' ' + words} from {source}"
             part += "".join(
                 f"; {counts[key]:,} dropped: {why}" for key, why in DROPS.items() if counts.get(key)
             )
@@ -90,6 +89,10 @@ class PreferenceTask:
             parts.append(part)
         notes = "".join(f"; {note}" for note in self.notes)
         return f"dpo: {'; '.join(parts) or words}{notes}"
+
+
+def _counted(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
 
 
 def load_preference_splits(config) -> tuple[PreferenceTask, dict[str, Dataset]]:

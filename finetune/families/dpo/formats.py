@@ -13,7 +13,7 @@ import os
 
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.conversations import assistant_turns
-from finetune.families.causal_lm.rows import check_messages, check_string, refusal
+from finetune.families.causal_lm.rows import check_messages, check_string, refusal, without_nulls
 
 FORMATS = ("standard", "conversational", "implicit", "implicit_conversational")
 PAIR = ("chosen", "rejected")
@@ -116,8 +116,10 @@ def implicit_prompt(chosen, rejected) -> int:
     without one, up to the last whitespace of the shared start, the whitespace beginning the completions
     (as a tokenizer's words begin with their space); none of the text without either."""
     if isinstance(chosen, list):
-        shared = 0
-        while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        # Null fields aside: Arrow pads each column's messages with the fields any of its messages has
+        # (a `weight` on a chosen reply), so the same prompt turn reads otherwise in chosen and rejected.
+        shared, longest = 0, min(len(chosen), len(rejected))
+        while shared < longest and without_nulls(chosen[shared]) == without_nulls(rejected[shared]):
             shared += 1
         return shared
     common = os.path.commonprefix([chosen, rejected])
