@@ -333,3 +333,30 @@ def test_an_implicit_test_file_becomes_the_prompts_generation_encodes(tmp_path, 
     prompts = encode_prompts(task, {"test": encoded_splits["test"]}, chatml, config, task.sources)
     assert prompts["test"].rows[0]["input_ids"] == chatml(HH)["input_ids"]
     assert task.summary().endswith(f"; test: 1 prompt from {test}")
+
+
+def test_a_prediction_only_run_reads_its_conversations_as_prompts(tmp_path):
+    test = write(tmp_path, [{"messages": PROMPT}], "test.jsonl")
+    config = TrainConfig(task_type="causal_lm", test_file=test, do_train=False, do_predict=True)
+    task, splits = load_preference_splits(config)
+    assert task.format == "conversational" and list(splits) == ["test"]
+
+
+def test_a_dataset_folder_is_read_by_its_split_names(tmp_path, chatml):
+    folder = tmp_path / "pairs"
+    folder.mkdir()
+    write(folder, [STANDARD], "train.jsonl")
+    write(
+        folder,
+        [STANDARD | {"chosen": " wide."}, STANDARD | {"rejected": " wide and deep."}],
+        "validation.jsonl",
+    )
+    config = TrainConfig(
+        task_type="causal_lm", dataset_name=str(folder), eval_strategy="epoch", max_length=64
+    )
+    task, splits = load_preference_splits(config)
+    encode_pairs(task, splits, chatml, config, ONE_PROCESS)
+    assert task.summary() == (
+        f"dpo: 1 pair (strings, explicit prompt) from {folder}:train; 1 pair from {folder}:validation; "
+        "1 dropped: chosen equals rejected"
+    )

@@ -119,7 +119,9 @@ def load_preference_splits(config) -> tuple[PreferenceTask, dict[str, Dataset]]:
     if formats:
         fmt = next(iter(formats.values()))
     else:  # prompts only (--do_predict): the format the prompts have
-        fmt = "conversational" if isinstance(splits["test"][0]["prompt"], list) else "standard"
+        test = splits["test"]
+        messages = "messages" in test.column_names or isinstance(test[0]["prompt"], list)
+        fmt = "conversational" if messages else "standard"
     return PreferenceTask(fmt, sources=sources), splits
 
 
