@@ -18,7 +18,7 @@ from finetune.errors import ConfigError
 from finetune.families.causal_lm.conversations import appended_tokens, end_of_turn
 from finetune.families.causal_lm.data import carved_and_limited, read_raw_splits
 from finetune.families.causal_lm.generation import check_prompts
-from finetune.families.causal_lm.rows import struct_columns, unpadded
+from finetune.families.causal_lm.rows import struct_columns, unpadded, without_nulls
 from finetune.families.dpo.formats import check_pairs, detect_format, explicit_pair
 from finetune.families.dpo.pairs import encode_pair
 
@@ -185,24 +185,25 @@ def encode_pairs(task: PreferenceTask, splits: dict, tokenizer, config, accelera
             if name == "test":
                 encoded[name] = split
                 continue
-            source = task.sources.get(name, name)
-            done = split.map(
+            encoded[name] = split.map(
                 encode,
                 batched=True,
                 with_indices=True,
-                fn_kwargs={"source": source, "structs": struct_columns(split.features)},
+                fn_kwargs={"source": task.sources.get(name, name), "structs": struct_columns(split.features)},
                 remove_columns=split.column_names,
                 features=COLUMNS,
                 desc=f"encode {name}",
                 new_fingerprint=_key(split, name, decides),
             )
-            encoded[name] = _kept(done, name, source, task, config)
-    return encoded
+    # Out of main_process_first, as SFT's: a refusal there would leave the other ranks at its barrier.
+    return {
+        name: split if name == "test" else _kept(split, name, task, config) for name, split in encoded.items()
+    }
 
 
 def _encoded(row: dict, number: int, source: str, tokenizer, max_length: int, appended, fmt: str):
     """(the pair, "") or (None, why it is dropped: a DROPS key)."""
-    if row["chosen"] == row["rejected"]:
+    if without_nulls(row["chosen"]) == without_nulls(row["rejected"]):  # Arrow's padding aside (formats.py)
         return None, "identical"
     prompt, chosen, rejected = explicit_pair(row, fmt)
     if not chosen or not rejected:  # an implicit pair one of whose texts is all of the other's start
@@ -218,8 +219,9 @@ def _encoded(row: dict, number: int, source: str, tokenizer, max_length: int, ap
     return pair, ""
 
 
-def _kept(split: Dataset, name: str, source: str, task: PreferenceTask, config) -> Dataset:
+def _kept(split: Dataset, name: str, task: PreferenceTask, config) -> Dataset:
     """The split's kept pairs; what was dropped and truncated counted in `task.counts`."""
+    source = task.sources.get(name, name)
     dropped = split["dropped"]
     kept = split.filter(lambda why: not why, input_columns="dropped", desc=f"pairs {name}")
     if len(kept) == 0:

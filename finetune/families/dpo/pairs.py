@@ -66,12 +66,9 @@ def encode_pair(prompt, chosen, rejected, tools, tokenizer, *, max_length: int, 
     prompt_length = min(*first_targets, shared)
     completions = [len(side.input_ids) - prompt_length for side in sides]
     kept_prompt, kept_completion = truncation(prompt_length, max(completions), max_length)
-    start, cut = prompt_length - kept_prompt, [prompt_length + kept_completion] * 2
-    cut_sides = [
-        Side(side.input_ids[start:end], side.labels[start:end]) for side, end in zip(sides, cut, strict=True)
-    ]
-    truncated = prompt_length + max(completions) > max_length
-    return Pair(*cut_sides, truncated)
+    start, end = prompt_length - kept_prompt, prompt_length + kept_completion
+    chosen, rejected = (Side(side.input_ids[start:end], side.labels[start:end]) for side in sides)
+    return Pair(chosen, rejected, truncated=prompt_length + max(completions) > max_length)
 
 
 def truncation(prompt: int, completion: int, max_length: int) -> tuple[int, int]:
