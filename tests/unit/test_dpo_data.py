@@ -240,6 +240,19 @@ def test_an_implicit_pair_left_with_an_empty_completion_is_dropped(tmp_path, cha
     assert "1 dropped: no completion token left" in task.summary()
 
 
+def test_pairs_cut_to_no_predicted_completion_token_are_counted_in_the_refusal(tmp_path, chatml):
+    """At --max_length 1 a pair keeps 1 token: the prompt's last, or, with an empty prompt (no BOS), the
+    completion's first, which nothing before it predicts. Neither has a target: the split is refused."""
+    rows = [STANDARD, {"prompt": "", "chosen": " wide.", "rejected": " narrow."}]
+    config = config_for(write(tmp_path, rows), max_length=1)
+    task, splits = load_preference_splits(config)
+    with pytest.raises(ConfigError, match=r"no pair is left to train on \(2 no completion token left; --max"):
+        encode_pairs(task, splits, chatml, config, ONE_PROCESS)
+    _, kept = encoded(tmp_path, rows, chatml, max_length=2)  # 1 completion token each, predicted
+    assert kept["train"]["chosen_targets"] == kept["train"]["rejected_targets"] == [1, 1]
+    assert [len(ids) for ids in kept["train"]["chosen_input_ids"]] == [2, 2]
+
+
 def test_a_split_left_with_no_pair_is_refused_naming_its_file(tmp_path, chatml):
     source = write(tmp_path, [STANDARD | {"rejected": STANDARD["chosen"]}])
     config = config_for(source)

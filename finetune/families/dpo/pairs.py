@@ -72,13 +72,14 @@ def encode_pair(prompt, chosen, rejected, tools, tokenizer, *, max_length: int, 
 
 
 def truncation(prompt: int, completion: int, max_length: int) -> tuple[int, int]:
-    """A pair longer than --max_length tokens (its prompt and its longer completion) keeps the prompt's end
-    and the completions' start: each completion keeps up to the same number of tokens, at least
-    min(its length, max_length // 2) while the prompt is cut first, and the prompt keeps its last tokens
-    that fit beside them (its first ones, a BOS among them, are dropped, as TRL's "keep_end").
+    """A pair of more than --max_length tokens (its prompt and its longer completion) is cut so that both
+    sequences keep the same prompt tokens and the same completion budget. Each completion keeps its first
+    K tokens (a shorter one whole), K = min(the longer completion, max(max_length - prompt,
+    max_length // 2)): all the room the prompt leaves, and at least half of max_length, the prompt being
+    cut first. The prompt keeps its last max_length - K tokens: its first ones, a BOS among them, are
+    dropped (TRL's "keep_end"). A pair within --max_length is kept whole.
 
-    Returns (prompt tokens kept, completion tokens kept at most), for `prompt` and `completion` (the
-    longer completion's) lengths. A pair within max_length keeps everything."""
+    Returns (prompt tokens kept, K) for the prompt's and the longer completion's lengths in tokens."""
     if prompt + completion <= max_length:
         return prompt, completion
     kept_completion = min(completion, max(max_length - prompt, max_length // 2))
