@@ -75,11 +75,12 @@ def _check_types(config: TrainConfig) -> None:
 def _default_eval_strategy(config: TrainConfig) -> None:
     """--eval_strategy unset: epoch, or no where training on local files has no validation rows."""
     if config.eval_strategy is None:
-        unjudged = config.uses_local_files and config.do_train and not _validation_rows(config)
+        unjudged = config.uses_local_files and config.do_train and not validation_rows(config)
         object.__setattr__(config, "eval_strategy", "no" if unjudged else "epoch")
 
 
-def _validation_rows(config: TrainConfig) -> bool:
+def validation_rows(config: TrainConfig) -> bool:
+    """Whether the run has validation rows of its own (--validation_file, or carved from training's)."""
     return bool(config.validation_file or config.carves_validation)
 
 
@@ -151,7 +152,7 @@ def _local_files_lack(config: TrainConfig) -> ConfigError | None:
     """What a run on local files lacks, if anything."""
     if config.do_train and not config.train_file:
         return ConfigError("training on local files needs --train_file")
-    if config.evaluates_training and not _validation_rows(config):  # --eval_strategy given
+    if config.evaluates_training and not validation_rows(config):  # --eval_strategy given
         return ConfigError(
             f"--eval_strategy {config.eval_strategy} evaluates on validation rows and this run has none; "
             "give --validation_file or --validation_split_percentage, or drop --eval_strategy to train "

@@ -35,7 +35,7 @@ import optuna
 import torch
 from optuna.trial import TrialState
 
-from finetune.config.train_config import TrainConfig
+from finetune.config.train_config import TrainConfig, validation_rows
 from finetune.distributed.accelerator import fresh_accelerate_state, leave_process_group
 from finetune.distributed.launch_env import launcher_rank, launcher_world_size
 from finetune.errors import ConfigError, TrainingFailed
@@ -101,6 +101,12 @@ def run_sweep(base: TrainConfig, spec: SweepSpec, study_name: str | None = None,
 def objective(base: TrainConfig) -> tuple[str, bool]:
     """The metric each trial is judged by and whether greater is better: the run's own choice
     (choose_metric, with its error for a metric the task does not produce), from the data's splits."""
+    if not base.evaluates_training and base.uses_local_files and not validation_rows(base):
+        raise ConfigError(  # --eval_strategy resolved to no for want of validation rows: say that
+            "a sweep judges each trial on validation rows and this run has none; give --validation_file "
+            "or --validation_split_percentage",
+            flag="--validation_file",
+        )
     if not base.evaluates_training:
         raise ConfigError(
             "--eval_strategy no: a sweep judges each trial by its evaluations; set --eval_strategy steps "

@@ -155,3 +155,23 @@ def test_sweep_json_ranks_parameters_with_ped_anova_and_says_so(tmp_path):
     assert report["param_importances_method"] == "PED-ANOVA"
     assert report["param_importances"] == pytest.approx(dict(expected))
     assert next(iter(report["param_importances"])) == "lr"
+
+
+def test_a_sweep_on_local_files_without_validation_rows_asks_for_them(tmp_path):
+    """Training on local files without validation rows resolves --eval_strategy to no, a flag the user
+    never gave: the sweep's refusal names what is missing (validation rows), not that flag."""
+    from finetune.config.train_config import TrainConfig
+    from finetune.studies.sweep import objective
+
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"sentence": "a", "label": 0}\n')
+    config = TrainConfig(train_file=str(train), output_dir=str(tmp_path / "out"))
+    with pytest.raises(ConfigError) as refused:
+        objective(config)
+    assert refused.value.flag == "--validation_file"
+    assert "--validation_split_percentage" in str(refused.value)
+    given = TrainConfig(train_file=str(train), output_dir=str(tmp_path / "o2"), eval_strategy="no",
+                        validation_split_percentage=10)  # fmt: skip
+    with pytest.raises(ConfigError) as told:  # asked for by name: the flag is the one to change
+        objective(given)
+    assert told.value.flag == "--eval_strategy"
