@@ -16,6 +16,7 @@ from finetune.config.train_config import TrainConfig
 from finetune.data.batching import PLACEHOLDER
 from finetune.distributed.signals import StopSignals
 from finetune.errors import TrainingFailed, TrainingInterrupted
+from finetune.families.family import MicroBatch
 from finetune.output.tracking import MetricsLog
 from finetune.speed.cuda_graphs import GraphedSteps
 from finetune.training.best import _evaluate_and_keep_best, stopped_early
@@ -116,13 +117,16 @@ def train(run: Run, stop: StopSignals):
                 if state.global_step >= plan.total_updates:  # also: resumed after the last step
                     break
                 with accelerator.accumulate(model):  # no gradient all-reduce until the window's last one
-                    summed, units, rows = _forward_backward(run, batch)
-                window_samples += rows
+                    step = _forward_backward(run, batch)
+                window_samples += step.rows
+                units = step.units
                 if units is not None:  # on the device: target tokens, or the rows' loss weights
                     window_units = units if window_units is None else window_units + units
                 state.micro_batches_in_epoch += 1
-                if rows:  # a placeholder's (0) adds nothing: the log counts real rows and tokens
-                    meter.add(summed, batch["attention_mask"], rows, units)
+                if step.rows:  # a placeholder's (0) adds nothing: the log counts real rows and tokens
+                    meter.add(step.loss_sum, step.tokens, step.rows, units)
+                if step.metrics:  # a placeholder's zeros too: every rank's window names the same ones
+                    meter.add_metrics(step.metrics)
                 if not accelerator.sync_gradients:  # the same on every rank: the window goes on
                     continue
                 # Collective; on the device.
@@ -182,24 +186,25 @@ def after_update(run: Run, evaluate, stop: StopSignals, progress) -> bool:
     return stopped_early(config, state)
 
 
-def _forward_backward(run: Run, batch: dict):
-    """One micro-batch: (its summed loss, its units, its rows), its gradients accumulated: the family's
+def _forward_backward(run: Run, batch: dict) -> MicroBatch:
+    """One micro-batch's record, its gradients accumulated: the family's
     step, replayed as a CUDA graph (--cuda_graphs) or eager. Collective under DDP: backward all-reduces
     on the window's last micro-batch.
 
     A placeholder (data/batching.py RankBatches: this rank has no row left in the epoch's last global
     batch) runs its row with a loss divided by inf, so its gradients are zeros (backward is linear in
-    the loss's gradient) and it meets the other ranks' all-reduce; it counts 0 rows and 0 units."""
+    the loss's gradient) and it meets the other ranks' all-reduce; it counts 0 rows, 0 units, 0 tokens and
+    zero metrics."""
     divisor = run.config.per_device_train_batch_size
     placeholder = batch.pop(PLACEHOLDER, False)
     if placeholder:
         divisor = math.inf  # never with --cuda_graphs: they run on one process, which has no placeholder
-    summed, units, rows = run.family.forward_backward(
-        run.model, run.accelerator, run.task, batch, divisor, run.graphs
-    )
+    step = run.family.forward_backward(run.model, run.accelerator, run.task, batch, divisor, run.graphs)
     if placeholder:
-        return torch.zeros_like(summed), None if units is None else torch.zeros_like(units), 0
-    return summed, units, rows
+        units = None if step.units is None else torch.zeros_like(step.units)
+        metrics = {name: (torch.zeros_like(a), torch.zeros_like(b)) for name, (a, b) in step.metrics.items()}
+        return MicroBatch(torch.zeros_like(step.loss_sum), units, 0, torch.zeros_like(step.tokens), metrics)
+    return step
 
 
 def _optimizer_step(run: Run, window_samples: int, full_window: int, window_units=None) -> torch.Tensor:
@@ -248,7 +253,7 @@ def _raise_if_diverged(run: Run) -> None:
 def _train_record(run: Run, meter: _Meter) -> dict:
     """Collective: the metrics.jsonl line for the steps since the last one (reads the device)."""
     _raise_if_diverged(run)
-    loss, samples, tokens, seconds = meter.flush(run.accelerator, run.state)
+    loss, samples, tokens, seconds, metrics = meter.flush(run.accelerator, run.state)
     return {
         "step": run.state.global_step,
         "epoch": _fractional_epoch(run),
@@ -258,6 +263,7 @@ def _train_record(run: Run, meter: _Meter) -> dict:
         "samples_per_second": samples / seconds,
         "tokens_per_second": tokens / seconds,
         **model_flops_utilization(run, tokens / seconds, "mfu"),
+        **metrics,  # the family's (DPO's rewards/*), each its window's sum over its count
     }
 
 
