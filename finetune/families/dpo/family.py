@@ -1,0 +1,197 @@
+"""`--task_type dpo`: preference tuning (DPO, IPO, SimPO; TRL's names) of a causal LM. The model is the
+causal-LM family's (AutoModelForCausalLM, full or LoRA, the output layer only at target tokens); a
+micro-batch's chosen and rejected sequences run in one forward; its loss is the pairs' summed loss (the
+loop makes the update the mean over every pair of the window); its metrics are TRL's rewards/* and
+logps/*; evaluation gives eval_loss and eval_rewards/*, each pair counted once on any number of
+processes, against the same reference as training (--precompute_ref_log_probs: the precomputed one)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
+from finetune.errors import ConfigError
+from finetune.families.causal_lm.batches import POSITIONS, head_at
+from finetune.families.causal_lm.family import CausalLM
+from finetune.families.dpo.collate import PAIR_COLUMNS, REFERENCE_COLUMNS, PairCollator
+from finetune.families.dpo.data import encode_pairs, load_preference_splits
+from finetune.families.dpo.loss import as_loss_reads, pair_losses, reward_metrics, sequence_logps
+from finetune.families.dpo.reference import Reference
+from finetune.families.family import Evaluator, MicroBatch, metric_choice
+from finetune.model.flops import non_embedding_parameters
+from finetune.model.lora import training_flops_per_token
+from finetune.output.card import CardParts
+from finetune.training.evaluation import EvaluationAbandoned, progress
+
+
+class DPO:
+    name = "dpo"
+    pipeline_tag = "text-generation"
+    captures_cuda_graphs = False
+
+    def __init__(self):
+        self.lm = CausalLM()
+        """The model as the causal-LM family builds and exports it."""
+        self.reference: Reference | None = None
+        """Set by `build_model`."""
+        self.head_at_targets = False
+        self.options = None
+        """(loss_type, beta, simpo_gamma), set by `load`."""
+
+    def load(self, config):
+        if config.chat_template:
+            from finetune.families.causal_lm.family import _check_chat_template
+
+            _check_chat_template(config.chat_template)
+        self.options = (config.loss_type, config.beta, config.simpo_gamma)
+        return load_preference_splits(config)
+
+    def choose_metric(self, config, task, splits: dict) -> dict:
+        return metric_choice(config, splits, ["eval_loss", *task.metric_keys()], "eval_loss")
+
+    def check(self, config, task, splits: dict) -> None:
+        if config.do_predict:
+            raise ConfigError(
+                "--do_predict: a dpo run does not predict yet; evaluate on --validation_file, or predict "
+                "with the exported model as --task_type causal_lm",
+                flag="--do_predict",
+                fix="drop --do_predict",
+            )
+        if config.rpo_alpha:
+            raise ConfigError(
+                "--rpo_alpha: the RPO term is not yet normalised per chosen target token of the window; "
+                "drop it",
+                flag="--rpo_alpha",
+                fix="drop --rpo_alpha",
+            )
+        if config.precompute_ref_log_probs:
+            raise ConfigError(
+                "--precompute_ref_log_probs is not built yet; drop it (the reference runs per micro-batch)",
+                flag="--precompute_ref_log_probs",
+                fix="drop --precompute_ref_log_probs",
+            )
+
+    def build_model(self, args, task, accelerator, loading: dict, bf16_native: bool, cuda_graphs: str):
+        model, tokenizer, backbone, speed = self.lm.build_model(
+            args, task, accelerator, loading, bf16_native, cuda_graphs
+        )
+        # One forward of both sides' logits at their targets; the chunked loss is the SFT family's alone.
+        self.lm.chunk_tokens = None
+        speed["chunked_loss"], speed["chunked_loss_tokens"] = "false", None
+        self.head_at_targets = self.lm.head_at_targets
+        self.reference = Reference(args, model, loading)
+        backbone["reference"] = self.reference.describe(args)
+        return model, tokenizer, backbone, speed
+
+    def after_prepare(self, accelerator, model) -> None:
+        """Collective under FSDP: the reference placed, cast (and sharded) as the prepared policy."""
+        self.reference.prepare(accelerator)
+
+    def flops_per_token(self, model, use_peft: bool) -> int:
+        """The policy's training FLOPs per token (6N; LoRA's own count) and the reference's forward (2N)."""
+        non_embedding = non_embedding_parameters(model)
+        trained = training_flops_per_token(model, non_embedding) if use_peft else 6 * non_embedding
+        return trained + (0 if self.reference.kind == "none" else 2 * non_embedding)
+
+    def tokenize(self, task, splits: dict, tokenizer, config, accelerator) -> dict:
+        return encode_pairs(task, splits, tokenizer, config, accelerator)
+
+    def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
+        multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
+        collator = PairCollator(tokenizer.pad_token_id, multiple, config.max_length)
+        return build_dataloaders(
+            tokenized, tokenizer, config, world_size, on_gpu, collator=collator, columns=PAIR_COLUMNS
+        )
+
+    def forward_backward(self, model, accelerator, task, batch: dict, batch_divisor: int, graphs=None):
+        """The micro-batch's pairs' summed loss, its rows the pairs (units None: the loop makes the update
+        the mean over every pair of the window, however it is cut), and the pairs' rewards/* and logps/*
+        sums."""
+        scores, chosen, rejected, pairs, tokens = self._scores(model, accelerator, batch, grad=True)
+        summed = scores.losses.sum()
+        accelerator.backward(summed / batch_divisor)
+        metrics = reward_metrics(scores, chosen, rejected)
+        return MicroBatch(summed.detach(), None, pairs, tokens, metrics)
+
+    def _scores(self, model, accelerator, batch: dict, grad: bool):
+        """The pairs' scores (loss, rewards), the policy's log-probs as the loss reads them, the pair
+        count and the real tokens. `grad`: the policy's forward keeps its graph (training)."""
+        loss_type, beta, gamma = self.options
+        labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
+        batch.pop("row")
+        precomputed = [batch.pop(c) for c in REFERENCE_COLUMNS if c in batch]
+        tokens = batch["attention_mask"].sum()
+        pairs = labels.shape[0] // 2
+        hooked = accelerator.unwrap_model(model) if self.head_at_targets else None
+        with torch.set_grad_enabled(grad), head_at(hooked, positions):
+            logits = model(**batch, use_cache=False).logits
+        logps, counts, _ = sequence_logps(logits, labels, positions)
+        logps = as_loss_reads(logps, counts, loss_type)
+        ref_chosen = ref_rejected = None
+        if precomputed:
+            ref_chosen, ref_rejected = precomputed
+        else:
+            found = self.reference.logps(accelerator, model, batch, labels, positions, self.head_at_targets)
+            if found is not None:
+                ref = as_loss_reads(*found, loss_type)
+                ref_chosen, ref_rejected = ref[:pairs], ref[pairs:]
+        chosen, rejected = logps[:pairs], logps[pairs:]
+        scores = pair_losses(chosen, rejected, ref_chosen, ref_rejected, loss_type, beta, gamma)
+        return scores, chosen, rejected, pairs, tokens
+
+    def evaluator(self, task, accelerator) -> Evaluator:
+        return functools.partial(self._evaluate, accelerator=accelerator)
+
+    def _evaluate(self, model, eval_loaders: dict, should_stop=None, *, accelerator) -> dict:
+        """Collective: eval_loss (the mean loss per pair), eval_rewards/accuracies, margins, chosen and
+        rejected, over every pair of the split once (gathered without Accelerate's repeated rows)."""
+        model = getattr(model, "_orig_mod", model)
+        model.eval()
+        results = {}
+        for split, loader in eval_loaders.items():
+            kept = {"loss": [], "chosen": [], "rejected": []}
+            with progress(accelerator, loader, "eval") as batches:
+                for batch in batches:
+                    if should_stop is not None and should_stop():  # every rank, at the same batch
+                        model.train()
+                        raise EvaluationAbandoned
+                    scores, *_ = self._scores(model, accelerator, batch, grad=False)
+                    gathered = accelerator.gather_for_metrics(
+                        (scores.losses.detach(), scores.chosen_rewards, scores.rejected_rewards)
+                    )
+                    for name, values in zip(kept, gathered, strict=True):
+                        kept[name].append(values.double())
+            loss, chosen, rejected = (torch.cat(kept[name]) for name in kept)
+            prefix = "eval" if split == "validation" else f"eval_{split}"
+            margins = chosen - rejected
+            results[f"{prefix}_loss"] = loss.mean().item()
+            results[f"{prefix}_rewards/accuracies"] = (margins > 0).double().mean().item()
+            results[f"{prefix}_rewards/margins"] = margins.mean().item()
+            results[f"{prefix}_rewards/chosen"] = chosen.mean().item()
+            results[f"{prefix}_rewards/rejected"] = rejected.mean().item()
+            results[f"{prefix}_samples"] = int(loss.numel())
+        model.train()
+        return results
+
+    def autocast_loaders(self, eval_loaders: dict) -> dict:
+        return eval_loaders
+
+    def predict(self, accelerator, model, loader, task, num_rows: int) -> list[dict]:
+        raise AssertionError("refused in check: a dpo run does not predict")
+
+    def card_parts(self, config, task) -> CardParts:
+        model = config.hub_model_id or config.output_dir
+        use = (
+            "from transformers import pipeline",
+            "",
+            f'generate = pipeline("text-generation", model="{model}")',
+            'prompt = "..."  # written as the training pairs\' prompts are',
+            'print(generate(prompt, max_new_tokens=64, return_full_text=False)[0]["generated_text"])',
+        )
+        trained_on = (
+            f"preference pairs ({config.loss_type} loss, beta {config.beta:g}, reference: "
+            f"{self.reference.describe(config) if self.reference else 'none'})"
+        )
+        return CardParts(pipeline_tag=self.pipeline_tag, tag="dpo", trained_on=trained_on, use=use)
