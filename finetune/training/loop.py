@@ -194,12 +194,23 @@ def _forward_backward(run: Run, batch: dict) -> MicroBatch:
     A placeholder (data/batching.py RankBatches: this rank has no row left in the epoch's last global
     batch) runs its row with a loss divided by inf, so its gradients are zeros (backward is linear in
     the loss's gradient) and it meets the other ranks' all-reduce; it counts 0 rows, 0 units, 0 tokens and
-    zero metrics."""
+    zero metrics.
+
+    A family with `normalises_windows` (a loss of terms over different units: DPO's pairs and RPO's chosen
+    tokens) is given `window`, (epoch, the window's index in it: micro-batches done // accumulation, as
+    Accelerate's `accumulate` syncs from each epoch's start), and divides each term by its window total
+    itself (the order is a pure function of seed and epoch: no collective); the loop does not rescale."""
     divisor = run.config.per_device_train_batch_size
     placeholder = batch.pop(PLACEHOLDER, False)
     if placeholder:
         divisor = math.inf  # never with --cuda_graphs: they run on one process, which has no placeholder
-    step = run.family.forward_backward(run.model, run.accelerator, run.task, batch, divisor, run.graphs)
+    window = {}
+    if getattr(run.family, "normalises_windows", False):  # a loss of several terms, each over its window
+        accumulation = run.config.gradient_accumulation_steps
+        window["window"] = (run.state.epoch, run.state.micro_batches_in_epoch // accumulation)
+    step = run.family.forward_backward(
+        run.model, run.accelerator, run.task, batch, divisor, run.graphs, **window
+    )
     if placeholder:
         units = None if step.units is None else torch.zeros_like(step.units)
         metrics = {name: (torch.zeros_like(a), torch.zeros_like(b)) for name, (a, b) in step.metrics.items()}
@@ -215,7 +226,9 @@ def _optimizer_step(run: Run, window_samples: int, full_window: int, window_unit
     in fp16 GradScaler skips it itself) and the step is kept in `run.first_nonfinite_step`, read at
     the next log line, checkpoint or evaluation, which fail the run naming that step."""
     accelerator, model, config = run.accelerator, run.model, run.config
-    if accelerator.gradient_state.end_of_dataloader or window_units is not None:  # every rank at once
+    # A family that normalises its terms over the window's own totals (`normalises_windows`) has already.
+    rescales = not getattr(run.family, "normalises_windows", False)
+    if rescales and (accelerator.gradient_state.end_of_dataloader or window_units is not None):
         _average_over_real_window(accelerator, model, window_samples, full_window, window_units)
     # With clipping off the norm is still measured (max inf): it is the NaN guard.
     grad_norm = whole_norm(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf))

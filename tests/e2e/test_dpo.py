@@ -86,17 +86,20 @@ def first_update(out) -> dict:
     return next(r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r)
 
 
-def sequence_logp(model, ids: list[int], labels: list[int]) -> torch.Tensor:
-    """Plain PyTorch: one sequence alone, the log-probs of its completion's target tokens summed."""
+def sequence_logp(model, ids: list[int], labels: list[int]) -> tuple[torch.Tensor, int]:
+    """Plain PyTorch: one sequence alone, the log-probs of its completion's target tokens summed, and
+    their count."""
     logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
     targets = torch.tensor(labels[1:])
     kept = targets != -100
-    return torch.log_softmax(logits[kept], dim=-1).gather(1, targets[kept, None]).sum()
+    return torch.log_softmax(logits[kept], dim=-1).gather(1, targets[kept, None]).sum(), int(kept.sum())
 
 
-def plain_dpo(prefs, tmp_path) -> dict:
+def plain_dpo(prefs, tmp_path, rpo_alpha: float | None = None) -> dict:
     """Every training pair alone (no padding, no batching, the reference a separate model): the mean
-    sigmoid loss over all of them, its gradient's norm, and the pairs' mean rewards."""
+    sigmoid loss over all of them (with `rpo_alpha`, plus alpha x the chosen completions' cross-entropy
+    summed over every chosen target token over their count), its gradient's norm, the pairs' mean
+    rewards."""
     config = parse_config(dpo_args(prefs, tmp_path / "plain"))
     tokenizer = AutoTokenizer.from_pretrained(prefs["model"])
     task, splits = load_preference_splits(config)
@@ -106,17 +109,20 @@ def plain_dpo(prefs, tmp_path) -> dict:
     reset_accelerate()
     policy = AutoModelForCausalLM.from_pretrained(prefs["model"])
     reference = AutoModelForCausalLM.from_pretrained(prefs["reference"])
-    losses, chosen_rewards, rejected_rewards = [], [], []
+    losses, chosen_rewards, rejected_rewards, nll, chosen_tokens = [], [], [], 0.0, 0
     for row in encoded:
-        chosen = sequence_logp(policy, row["chosen_input_ids"], row["chosen_labels"])
-        rejected = sequence_logp(policy, row["rejected_input_ids"], row["rejected_labels"])
+        chosen, targets = sequence_logp(policy, row["chosen_input_ids"], row["chosen_labels"])
+        rejected, _ = sequence_logp(policy, row["rejected_input_ids"], row["rejected_labels"])
+        nll, chosen_tokens = nll - chosen, chosen_tokens + targets
         with torch.no_grad():
-            ref_chosen = sequence_logp(reference, row["chosen_input_ids"], row["chosen_labels"])
-            ref_rejected = sequence_logp(reference, row["rejected_input_ids"], row["rejected_labels"])
+            ref_chosen, _ = sequence_logp(reference, row["chosen_input_ids"], row["chosen_labels"])
+            ref_rejected, _ = sequence_logp(reference, row["rejected_input_ids"], row["rejected_labels"])
         losses.append(-F.logsigmoid(BETA * ((chosen - rejected) - (ref_chosen - ref_rejected))))
         chosen_rewards.append(float(BETA * (chosen.detach() - ref_chosen)))
         rejected_rewards.append(float(BETA * (rejected.detach() - ref_rejected)))
     loss = torch.stack(losses).mean()
+    if rpo_alpha is not None:
+        loss = loss + rpo_alpha * nll / chosen_tokens
     loss.backward()
     norm = torch.linalg.vector_norm(
         torch.stack([p.grad.norm() for p in policy.parameters() if p.grad is not None])
@@ -131,12 +137,16 @@ def plain_dpo(prefs, tmp_path) -> dict:
     }
 
 
-def test_one_update_is_the_mean_over_every_pair_however_the_window_is_cut(prefs, tmp_path):
+@pytest.mark.parametrize("rpo_alpha", [None, 0.5], ids=["dpo", "rpo"])
+def test_one_update_is_the_mean_over_every_pair_however_the_window_is_cut(prefs, tmp_path, rpo_alpha):
     """13 pairs in a window of 16: one micro-batch, 4 x 4 accumulation, and 2 processes x 4 x 2 (real
     ranks, a placeholder in the last micro-batch): the same logged loss, gradient norm and rewards/*,
     equal to plain PyTorch's; and the same eval_loss and eval_rewards/* for evaluation batches of 64
-    and 2 (on 2 processes, 5 validation pairs: one rank gets a repeated pair, counted once)."""
+    and 2 (on 2 processes, 5 validation pairs: one rank gets a repeated pair, counted once). --rpo_alpha:
+    its SFT term is the mean over every chosen target token of the window, on each cut."""
     reference = ("--ref_model_name_or_path", str(prefs["reference"]))
+    if rpo_alpha is not None:
+        reference += ("--rpo_alpha", str(rpo_alpha))
     one = tmp_path / "one"
     main(dpo_args(prefs, one, *ONE_UPDATE, *reference, "--per_device_train_batch_size", "16"))
     reset_accelerate()
@@ -153,7 +163,7 @@ def test_one_update_is_the_mean_over_every_pair_however_the_window_is_cut(prefs,
     assert [r["world_size"] for r in results] == [1, 1, 2]
     assert [r["train_samples"] for r in results] == [TRAIN_PAIRS] * 3
     updates = [first_update(out) for out in (one, cut, two)]
-    plain = plain_dpo(prefs, tmp_path)
+    plain = plain_dpo(prefs, tmp_path, rpo_alpha)
     assert abs(plain["loss"] - 0.6931) > 1e-3  # the reference is another model: not log 2
     for update in updates:
         assert update["loss"] == pytest.approx(plain["loss"], rel=1e-5)

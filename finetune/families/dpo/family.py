@@ -8,6 +8,7 @@ processes, against the same reference as training (--precompute_ref_log_probs: t
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -19,6 +20,7 @@ from finetune.families.dpo.collate import PAIR_COLUMNS, REFERENCE_COLUMNS, PairC
 from finetune.families.dpo.data import encode_pairs, load_preference_splits
 from finetune.families.dpo.loss import as_loss_reads, pair_losses, reward_metrics, sequence_logps
 from finetune.families.dpo.reference import Reference
+from finetune.families.dpo.windows import WindowTotals
 from finetune.families.family import Evaluator, MicroBatch, metric_choice
 from finetune.model.flops import non_embedding_parameters
 from finetune.model.lora import training_flops_per_token
@@ -39,6 +41,11 @@ class DPO:
         self.head_at_targets = False
         self.options = None
         """(loss_type, beta, simpo_gamma), set by `load`."""
+        self.rpo_alpha = None
+        self.normalises_windows = False
+        """--rpo_alpha: the loss is two terms over different units (pairs, chosen target tokens), each
+        divided by its window's total here (`windows.WindowTotals`), so the loop does not rescale."""
+        self.totals: WindowTotals | None = None
 
     def load(self, config):
         if config.chat_template:
@@ -46,6 +53,8 @@ class DPO:
 
             _check_chat_template(config.chat_template)
         self.options = (config.loss_type, config.beta, config.simpo_gamma)
+        self.rpo_alpha = config.rpo_alpha
+        self.normalises_windows = bool(config.rpo_alpha)
         return load_preference_splits(config)
 
     def choose_metric(self, config, task, splits: dict) -> dict:
@@ -58,13 +67,6 @@ class DPO:
                 "with the exported model as --task_type causal_lm",
                 flag="--do_predict",
                 fix="drop --do_predict",
-            )
-        if config.rpo_alpha:
-            raise ConfigError(
-                "--rpo_alpha: the RPO term is not yet normalised per chosen target token of the window; "
-                "drop it",
-                flag="--rpo_alpha",
-                fix="drop --rpo_alpha",
             )
         if config.precompute_ref_log_probs:
             raise ConfigError(
@@ -101,19 +103,38 @@ class DPO:
     def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
         multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
         collator = PairCollator(tokenizer.pad_token_id, multiple, config.max_length)
-        return build_dataloaders(
+        loaders = build_dataloaders(
             tokenized, tokenizer, config, world_size, on_gpu, collator=collator, columns=PAIR_COLUMNS
         )
+        if self.normalises_windows and "train" in loaders:
+            chosen = tokenized["train"].select_columns(["chosen_targets"]).to_dict()["chosen_targets"]
+            order = loaders["train"].batch_sampler  # data/batching.py RankBatches, before prepare wraps it
+            self.totals = WindowTotals(order, {"chosen_tokens": chosen}, config.gradient_accumulation_steps)
+        return loaders
 
-    def forward_backward(self, model, accelerator, task, batch: dict, batch_divisor: int, graphs=None):
+    def forward_backward(
+        self, model, accelerator, task, batch: dict, batch_divisor: int, graphs=None, window=None
+    ):
         """The micro-batch's pairs' summed loss, its rows the pairs (units None: the loop makes the update
         the mean over every pair of the window, however it is cut), and the pairs' rewards/* and logps/*
-        sums."""
-        scores, chosen, rejected, pairs, tokens = self._scores(model, accelerator, batch, grad=True)
+        sums. With --rpo_alpha (`window` given): the pairs' loss over the window's pairs plus alpha x the
+        chosen targets' cross-entropy over the window's chosen target tokens, each total counted from the
+        epoch's order (`WindowTotals`), so both are means over the whole window on any cut."""
+        scores, chosen, rejected, pairs, tokens, chosen_nll = self._scores(model, accelerator, batch, True)
         summed = scores.losses.sum()
-        accelerator.backward(summed / batch_divisor)
         metrics = reward_metrics(scores, chosen, rejected)
-        return MicroBatch(summed.detach(), None, pairs, tokens, metrics)
+        if window is None:
+            accelerator.backward(summed / batch_divisor)
+            return MicroBatch(summed.detach(), None, pairs, tokens, metrics)
+        totals = self.totals.of(*window)
+        loss = summed / totals["pairs"] + self.rpo_alpha * chosen_nll / totals["chosen_tokens"]
+        # accelerate divides by the accumulation steps and DDP averages over the ranks: undone here; a
+        # placeholder (batch_divisor inf) weighs nothing.
+        weight = 0.0 if math.isinf(batch_divisor) else accelerator.gradient_accumulation_steps
+        accelerator.backward(loss * (weight * accelerator.num_processes))
+        metrics["nll_loss"] = (chosen_nll.detach().double(), chosen_nll.new_tensor(totals["chosen_tokens"]))
+        # The log's loss is the mean per pair: each window's pairs times its loss, over the pairs.
+        return MicroBatch(loss.detach() * totals["pairs"], None, pairs, tokens, metrics)
 
     def _scores(self, model, accelerator, batch: dict, grad: bool):
         """The pairs' scores (loss, rewards), the policy's log-probs as the loss reads them, the pair
@@ -127,7 +148,10 @@ class DPO:
         hooked = accelerator.unwrap_model(model) if self.head_at_targets else None
         with torch.set_grad_enabled(grad), head_at(hooked, positions):
             logits = model(**batch, use_cache=False).logits
-        logps, counts, _ = sequence_logps(logits, labels, positions)
+        logps, counts, each = sequence_logps(logits, labels, positions)
+        # RPO's SFT term: the chosen rows' (the first `pairs`) target cross-entropies summed
+        chosen_rows = torch.div(positions, labels.shape[1], rounding_mode="floor") < pairs
+        chosen_nll = (each * chosen_rows).sum()
         logps = as_loss_reads(logps, counts, loss_type)
         ref_chosen = ref_rejected = None
         if precomputed:
@@ -139,7 +163,7 @@ class DPO:
                 ref_chosen, ref_rejected = ref[:pairs], ref[pairs:]
         chosen, rejected = logps[:pairs], logps[pairs:]
         scores = pair_losses(chosen, rejected, ref_chosen, ref_rejected, loss_type, beta, gamma)
-        return scores, chosen, rejected, pairs, tokens
+        return scores, chosen, rejected, pairs, tokens, chosen_nll
 
     def evaluator(self, task, accelerator) -> Evaluator:
         return functools.partial(self._evaluate, accelerator=accelerator)
