@@ -233,21 +233,63 @@ def test_a_lora_runs_reference_is_the_model_with_its_adapters_disabled(prefs, tm
     assert lines[-1]["rewards/margins"] != 0.0
 
 
-def test_a_resumed_run_logs_the_unbroken_runs_lines(prefs, tmp_path):
-    """Checkpoint at step 4, lines every 3 steps (7 steps: 13 pairs in batches of 2): the resumed run's
-    lines at 6 and 7, loss and rewards/*, are the unbroken run's, bitwise."""
+@pytest.mark.parametrize(
+    ("extra", "steps"),
+    [((), [6, 7]), (("--rpo_alpha", "0.5", "--gradient_accumulation_steps", "2"), [3, 4])],
+    ids=["dpo", "rpo"],
+)
+def test_a_resumed_run_logs_the_unbroken_runs_lines(prefs, tmp_path, extra, steps):
+    """13 pairs in batches of 2, lines every 3 steps, resumed from the checkpoint before the last two
+    lines (step 4 of 7; with --rpo_alpha and 2 x 2 accumulation, step 2 of 4, the windows' totals counted
+    again after the resume): the resumed run's lines, loss, gradient norm and rewards/*, are the
+    unbroken run's, bitwise."""
+    checkpoint = steps[0] - 1 if extra else 4
     args = ("--per_device_train_batch_size", "2", "--num_train_epochs", "1", "--logging_steps", "3",
-            "--checkpointing_steps", "4", "--learning_rate", "1e-3", "--eval_strategy", "no")  # fmt: skip
+            "--checkpointing_steps", str(checkpoint), "--learning_rate", "1e-3", "--eval_strategy", "no",
+            *extra)  # fmt: skip
     full = tmp_path / "full"
     main(dpo_args(prefs, full, *args))
     reset_accelerate()
     resumed = tmp_path / "resumed"
     resumed.mkdir()
-    shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")
+    shutil.copytree(full / f"checkpoint-{checkpoint}", resumed / f"checkpoint-{checkpoint}")
     main(dpo_args(prefs, resumed, *args, "--resume_from_checkpoint", "auto"))
     reset_accelerate()
     keys = ("step", "loss", "grad_norm", *REWARDS)
     after = [{k: r[k] for k in keys} for r in read_jsonl(resumed / "metrics.jsonl") if "loss" in r]
     lines = [{k: r[k] for k in keys} for r in read_jsonl(full / "metrics.jsonl") if "loss" in r]
-    assert [r["step"] for r in after] == [6, 7]
+    assert [r["step"] for r in after] == steps
     assert after == lines[-2:]
+
+
+def test_precomputed_reference_log_probs_train_and_evaluate_as_the_online_reference(prefs, tmp_path):
+    """--precompute_ref_log_probs: the same training lines and the same eval_loss and eval_rewards/* as
+    a run whose reference runs per micro-batch (evaluation reads the precomputed reference, never the
+    policy); they are kept beside the run, and a resumed run reads them back instead of computing them."""
+    args = ("--ref_model_name_or_path", str(prefs["reference"]), "--per_device_train_batch_size", "4",
+            "--num_train_epochs", "2", "--logging_steps", "2", "--learning_rate", "1e-3",
+            "--checkpointing_steps", "4")  # fmt: skip
+    online, kept = tmp_path / "online", tmp_path / "precomputed"
+    online_results = main(dpo_args(prefs, online, *args))
+    reset_accelerate()
+    results = main(dpo_args(prefs, kept, *args, "--precompute_ref_log_probs"))
+    reset_accelerate()
+    for key in ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_rewards/chosen"):
+        assert results[key] == pytest.approx(online_results[key], rel=1e-5, abs=1e-7), key
+    assert results["eval_rewards/margins"] != 0.0  # the policy has moved away from the reference
+    lines = [[r for r in read_jsonl(out / "metrics.jsonl") if "loss" in r] for out in (online, kept)]
+    for mine, theirs in zip(*lines, strict=True):
+        for key in ("loss", "grad_norm", *REWARDS):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), (mine["step"], key)
+    saved = kept / "reference_logps.pt"
+    written = saved.stat().st_mtime_ns
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copytree(kept / "checkpoint-4", resumed / "checkpoint-4")
+    shutil.copy2(saved, resumed / "reference_logps.pt")
+    again = main(
+        dpo_args(prefs, resumed, *args, "--precompute_ref_log_probs", "--resume_from_checkpoint", "auto")
+    )
+    reset_accelerate()
+    assert (resumed / "reference_logps.pt").stat().st_mtime_ns == saved.stat().st_mtime_ns == written
+    assert again["eval_rewards/margins"] == results["eval_rewards/margins"]

@@ -16,9 +16,10 @@ from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import POSITIONS, head_at
 from finetune.families.causal_lm.family import CausalLM
-from finetune.families.dpo.collate import PAIR_COLUMNS, REFERENCE_COLUMNS, PairCollator
+from finetune.families.dpo.collate import PAIR_COLUMNS, PairCollator
 from finetune.families.dpo.data import encode_pairs, load_preference_splits
 from finetune.families.dpo.loss import as_loss_reads, pair_losses, reward_metrics, sequence_logps
+from finetune.families.dpo.precompute import precomputed_logps
 from finetune.families.dpo.reference import Reference
 from finetune.families.dpo.windows import WindowTotals
 from finetune.families.family import Evaluator, MicroBatch, metric_choice
@@ -46,6 +47,11 @@ class DPO:
         """--rpo_alpha: the loss is two terms over different units (pairs, chosen target tokens), each
         divided by its window's total here (`windows.WindowTotals`), so the loop does not rescale."""
         self.totals: WindowTotals | None = None
+        self.precompute = None
+        """--precompute_ref_log_probs: (the resolved config, the encoded splits, the collator), kept by
+        `dataloaders` for `after_prepare`."""
+        self.precomputed: dict | None = None
+        """{split: {"logps": [rows, 2], "counts": [rows, 2]}}: the reference's, by the pairs' `row`."""
 
     def load(self, config):
         if config.chat_template:
@@ -68,12 +74,6 @@ class DPO:
                 flag="--do_predict",
                 fix="drop --do_predict",
             )
-        if config.precompute_ref_log_probs:
-            raise ConfigError(
-                "--precompute_ref_log_probs is not built yet; drop it (the reference runs per micro-batch)",
-                flag="--precompute_ref_log_probs",
-                fix="drop --precompute_ref_log_probs",
-            )
 
     def build_model(self, args, task, accelerator, loading: dict, bf16_native: bool, cuda_graphs: str):
         model, tokenizer, backbone, speed = self.lm.build_model(
@@ -88,14 +88,32 @@ class DPO:
         return model, tokenizer, backbone, speed
 
     def after_prepare(self, accelerator, model) -> None:
-        """Collective under FSDP: the reference placed, cast (and sharded) as the prepared policy."""
+        """Collective: the reference placed, cast (and sharded) as the prepared policy; with
+        --precompute_ref_log_probs its log-probs of every pair (`precompute.py`), and a frozen copy let go."""
         self.reference.prepare(accelerator)
+        if self.precompute is None:
+            return
+        config, splits, collator = self.precompute
+
+        def compute(batch):
+            labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
+            return self.reference.logps(accelerator, model, batch, labels, positions, self.head_at_targets)
+
+        was_training = model.training
+        found = precomputed_logps(accelerator, config, splits, collator, compute)
+        device = accelerator.device  # read by each micro-batch's row numbers, already on the device
+        self.precomputed = {name: {k: v.to(device) for k, v in kept.items()} for name, kept in found.items()}
+        model.train(was_training)
+        self.precompute = None
+        self.reference.model = None  # every pair's log-probs are kept: the copy's memory is freed
 
     def flops_per_token(self, model, use_peft: bool) -> int:
-        """The policy's training FLOPs per token (6N; LoRA's own count) and the reference's forward (2N)."""
+        """The policy's training FLOPs per token (6N; LoRA's own count) and the reference's forward (2N)
+        where it runs per micro-batch."""
         non_embedding = non_embedding_parameters(model)
         trained = training_flops_per_token(model, non_embedding) if use_peft else 6 * non_embedding
-        return trained + (0 if self.reference.kind == "none" else 2 * non_embedding)
+        per_step = self.reference.kind != "none" and self.precomputed is None  # precomputed: once, before
+        return trained + (2 * non_embedding if per_step else 0)
 
     def tokenize(self, task, splits: dict, tokenizer, config, accelerator) -> dict:
         return encode_pairs(task, splits, tokenizer, config, accelerator)
@@ -106,6 +124,12 @@ class DPO:
         loaders = build_dataloaders(
             tokenized, tokenizer, config, world_size, on_gpu, collator=collator, columns=PAIR_COLUMNS
         )
+        if config.precompute_ref_log_probs and self.reference.kind != "none":
+            scored = {
+                name: split.select_columns([c for c in PAIR_COLUMNS if c in split.column_names])
+                for name, split in tokenized.items()
+            }
+            self.precompute = (config, scored, collator)
         if self.normalises_windows and "train" in loaders:
             chosen = tokenized["train"].select_columns(["chosen_targets"]).to_dict()["chosen_targets"]
             order = loaders["train"].batch_sampler  # data/batching.py RankBatches, before prepare wraps it
@@ -120,7 +144,7 @@ class DPO:
         sums. With --rpo_alpha (`window` given): the pairs' loss over the window's pairs plus alpha x the
         chosen targets' cross-entropy over the window's chosen target tokens, each total counted from the
         epoch's order (`WindowTotals`), so both are means over the whole window on any cut."""
-        scores, chosen, rejected, pairs, tokens, chosen_nll = self._scores(model, accelerator, batch, True)
+        scores, chosen, rejected, pairs, tokens, chosen_nll = self._scores(model, accelerator, batch, "train")
         summed = scores.losses.sum()
         metrics = reward_metrics(scores, chosen, rejected)
         if window is None:
@@ -136,13 +160,20 @@ class DPO:
         # The log's loss is the mean per pair: each window's pairs times its loss, over the pairs.
         return MicroBatch(loss.detach() * totals["pairs"], None, pairs, tokens, metrics)
 
-    def _scores(self, model, accelerator, batch: dict, grad: bool):
+    def _scores(self, model, accelerator, batch: dict, split: str):
         """The pairs' scores (loss, rewards), the policy's log-probs as the loss reads them, the pair
-        count and the real tokens. `grad`: the policy's forward keeps its graph (training)."""
+        count, the real tokens and the chosen targets' summed cross-entropy. `split`: train (the policy's
+        forward keeps its graph) or the evaluated split (whose precomputed reference log-probs it reads)."""
         loss_type, beta, gamma = self.options
+        grad = split == "train"
         labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
-        batch.pop("row")
-        precomputed = [batch.pop(c) for c in REFERENCE_COLUMNS if c in batch]
+        rows = batch.pop("row")
+        precomputed = None
+        if self.precomputed is not None:
+            kept = self.precomputed[split]
+            sums, counts = kept["logps"][rows], kept["counts"][rows]
+            reads = as_loss_reads(sums, counts, loss_type)
+            precomputed = reads[:, 0], reads[:, 1]
         tokens = batch["attention_mask"].sum()
         pairs = labels.shape[0] // 2
         hooked = accelerator.unwrap_model(model) if self.head_at_targets else None
@@ -181,7 +212,7 @@ class DPO:
                     if should_stop is not None and should_stop():  # every rank, at the same batch
                         model.train()
                         raise EvaluationAbandoned
-                    scores, *_ = self._scores(model, accelerator, batch, grad=False)
+                    scores, *_ = self._scores(model, accelerator, batch, split)
                     gathered = accelerator.gather_for_metrics(
                         (scores.losses.detach(), scores.chosen_rewards, scores.rejected_rewards)
                     )
