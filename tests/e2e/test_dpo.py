@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 from finetune.config.parser import parse_config
 from finetune.distributed.signals import StopSignals
@@ -188,11 +188,18 @@ def capture_run(runs: list):
 
 def test_the_frozen_reference_is_never_updated(prefs, tmp_path):
     """A full fine-tuning run: the policy moves, its reference (a copy of the starting model) keeps
-    every starting weight, in eval mode, without gradients."""
+    every starting weight, in eval mode, without gradients. eval_rewards/accuracies picks the best model
+    (greater is better), and the export generates through pipeline("text-generation")."""
     runs = []
-    main(dpo_args(prefs, tmp_path / "run", "--per_device_train_batch_size", "4", "--learning_rate", "1e-3",
-                  "--num_train_epochs", "1"), build=capture_run(runs))  # fmt: skip
+    results = main(dpo_args(prefs, tmp_path / "run", "--per_device_train_batch_size", "4", "--learning_rate",
+                            "1e-3", "--num_train_epochs", "1", "--metric_for_best_model",
+                            "eval_rewards/accuracies"), build=capture_run(runs))  # fmt: skip
     reset_accelerate()
+    assert results["metric_for_best_model"] == "eval_rewards/accuracies" and results["greater_is_better"]
+    assert results["best_metric"] == results["eval_rewards/accuracies"]
+    generate = pipeline("text-generation", model=str(tmp_path / "run"))
+    said = generate("say red:", max_new_tokens=4, do_sample=False, return_full_text=False)
+    assert isinstance(said[0]["generated_text"], str)
     reference = runs[0].family.reference.model
     assert not reference.training and not any(p.requires_grad for p in reference.parameters())
     start = load_file(prefs["model"] / "model.safetensors")
