@@ -139,7 +139,7 @@ def plain_dpo(prefs, tmp_path, rpo_alpha: float | None = None) -> dict:
 
 @pytest.mark.parametrize("rpo_alpha", [None, 0.5], ids=["dpo", "rpo"])
 def test_one_update_is_the_mean_over_every_pair_however_the_window_is_cut(prefs, tmp_path, rpo_alpha):
-    """13 pairs in a window of 16: one micro-batch, 4 x 4 accumulation, and 2 processes x 4 x 2 (real
+    """13 pairs in a window of 16: one micro-batch, 4 x 4 accumulation, and 2 processes x 2 x 4 (real
     ranks, a placeholder in the last micro-batch): the same logged loss, gradient norm and rewards/*,
     equal to plain PyTorch's; and the same eval_loss and eval_rewards/* for evaluation batches of 64
     and 2 (on 2 processes, 5 validation pairs: one rank gets a repeated pair, counted once). --rpo_alpha:
@@ -155,7 +155,8 @@ def test_one_update_is_the_mean_over_every_pair_however_the_window_is_cut(prefs,
                   "--gradient_accumulation_steps", "4"))  # fmt: skip
     reset_accelerate()
     two = tmp_path / "two"
-    split = ("--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2",
+    # 2 ranks x 2 pairs x 4: global micro-batches of 4, 4, 4 and 1 pair, whose second rank's is a placeholder
+    split = ("--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "4",
              "--per_device_eval_batch_size", "2")  # fmt: skip
     ranks = run_ranks(dpo_args(prefs, two, *ONE_UPDATE, *reference, *split))
     assert ranks.returncode == 0, ranks.stderr[-3000:]
