@@ -15,12 +15,13 @@ from tqdm.auto import tqdm
 from finetune.config.train_config import TrainConfig
 from finetune.data.batching import PLACEHOLDER
 from finetune.distributed.signals import StopSignals
-from finetune.errors import TrainingFailed, TrainingInterrupted
+from finetune.errors import TrainingInterrupted
 from finetune.families.family import MicroBatch
 from finetune.output.tracking import MetricsLog
 from finetune.speed.cuda_graphs import GraphedSteps
 from finetune.training.best import _evaluate_and_keep_best, stopped_early
-from finetune.training.checkpoint import PREFIX, TrainState, complete_checkpoints, save_checkpoint
+from finetune.training.checkpoint import PREFIX, TrainState, save_checkpoint
+from finetune.training.divergence import diverged
 from finetune.training.evaluation import EvaluationAbandoned
 from finetune.training.meter import _fractional_epoch, _Meter, model_flops_utilization
 from finetune.training.steps import StepPlan
@@ -260,7 +261,7 @@ def _raise_if_diverged(run: Run) -> None:
     if run.first_nonfinite_step is not None:
         step = int(run.first_nonfinite_step)
         if step:
-            raise _diverged(step, run.config, run.accelerator.mixed_precision)
+            raise diverged(step, run.config, run.accelerator.mixed_precision)
 
 
 def _train_record(run: Run, meter: _Meter) -> dict:
@@ -357,22 +358,3 @@ def _average_over_real_window(
         scale = full_window / accelerator.reduce(seen, "sum")
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     torch._foreach_mul_(grads, scale)
-
-
-def _diverged(step: int, config: TrainConfig, precision: str) -> TrainingFailed:
-    """The step was skipped on the device, and nothing is saved once the flag is set, so no NaN
-    reaches the weights or a checkpoint. The advice is what this run can change: a lower clipping
-    threshold only where clipping is on (--max_grad_norm 0 clips nothing, so lowering it does nothing),
-    bf16 only where it ran fp16 (whose range overflows)."""
-    latest = complete_checkpoints(config.output_dir)
-    last_good = latest[-1] if latest else "none (set --checkpointing_steps)"
-    if config.max_grad_norm:
-        advice = [f"lower --learning_rate or --max_grad_norm (now {config.max_grad_norm:g})"]
-    else:
-        advice = ["lower --learning_rate", "clip the gradients with --max_grad_norm 1.0 (clipping is off)"]
-    if precision == "fp16":
-        advice.append("use bf16 instead of fp16")
-    said = ", or ".join(advice) if len(advice) < 3 else f"{advice[0]}, {advice[1]}, or {advice[2]}"
-    return TrainingFailed(
-        f"the loss became NaN or inf at step {step}; the last good checkpoint is {last_good}; {said}"
-    )
