@@ -301,3 +301,22 @@ def test_precomputed_reference_log_probs_train_and_evaluate_as_the_online_refere
     reset_accelerate()
     assert (resumed / "reference_logps.pt").stat().st_mtime_ns == saved.stat().st_mtime_ns == written
     assert again["eval_rewards/margins"] == results["eval_rewards/margins"]
+
+
+@pytest.mark.parametrize(
+    "extra", [("--rpo_alpha", "0.5"), ("--precompute_ref_log_probs",)], ids=["rpo", "precomputed"]
+)
+def test_no_host_reads_between_log_lines(prefs, tmp_path, extra):
+    """DPO's micro-batches (the reference's forward or its precomputed log-probs, rewards/* sums, RPO's
+    window totals counted on the host) never wait for the device between log lines. Left out: transformers'
+    causal mask asking whether a padded batch's mask is all ones (to use sdpa's is_causal), as it does for
+    causal_lm's batches."""
+    from tests.e2e.test_host_syncs import host_reads
+
+    args = dpo_args(prefs, tmp_path / "out", "--per_device_train_batch_size", "2",
+                    "--gradient_accumulation_steps", "2", "--num_train_epochs", "2",
+                    "--logging_steps", "1000", "--eval_strategy", "no", *extra)  # fmt: skip
+    with host_reads() as reads:
+        main(args)
+    reset_accelerate()
+    assert [read for read in reads if "create_causal_mask" not in read] == []
