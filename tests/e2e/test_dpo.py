@@ -301,6 +301,16 @@ def test_precomputed_reference_log_probs_train_and_evaluate_as_the_online_refere
     reset_accelerate()
     assert (resumed / "reference_logps.pt").stat().st_mtime_ns == saved.stat().st_mtime_ns == written
     assert again["eval_rewards/margins"] == results["eval_rewards/margins"]
+    # 2 processes x 2 pairs: each rank precomputes a share, gathered; the same evaluation to rounding
+    two = tmp_path / "two"
+    per_rank = list(args)
+    per_rank[per_rank.index("--per_device_train_batch_size") + 1] = "2"
+    ranks = run_ranks(dpo_args(prefs, two, *per_rank, "--precompute_ref_log_probs"))
+    assert ranks.returncode == 0, ranks.stderr[-3000:]
+    shared = json.loads((two / "results.json").read_text())
+    assert shared["world_size"] == 2
+    for key in ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins"):
+        assert shared[key] == pytest.approx(online_results[key], rel=1e-4, abs=1e-6), key
 
 
 @pytest.mark.parametrize(
