@@ -87,6 +87,17 @@ class TaskFamily(Protocol):
         """The model card's pipeline, description and use (`output.card.CardParts`; None: a classifier's)."""
 
 
+OPTIONAL = {
+    "after_prepare": "(accelerator, model): collective; once the model is prepared (DPO places its frozen "
+    "reference with prepare_model(..., evaluation_mode=True) and precomputes its log-probs)",
+    "flops_per_token": "(model, use_peft) -> int: the training FLOPs of one real token, for MFU "
+    "(default: model/flops.py's 6N; DPO adds its reference's forward)",
+    "normalises_windows": "bool: forward_backward takes window=(epoch, index) and divides each term of "
+    "its loss by its window total itself; the loop does not rescale the window (DPO with --rpo_alpha)",
+}
+"""Members a family may have besides the protocol's, which run.py and the loop look up by name."""
+
+
 def metric_choice(config, splits: dict, measured: list[str], default: str) -> dict:
     """--metric_for_best_model (`default` when unset) and --greater_is_better, checked against what
     evaluation `measured`, for the families without classification's own rule (config/resolved.py)."""
