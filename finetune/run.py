@@ -213,6 +213,11 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, betas, config.adam_epsilon)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, plan.warmup_updates, plan.total_updates)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    # A family's step after prepare (DPO: its frozen reference placed, cast and sharded as the model).
+    after_prepare = getattr(family, "after_prepare", None)
+    if after_prepare is not None:
+        after_prepare(accelerator, model)  # collective under FSDP
+    counted = getattr(family, "flops_per_token", flops_per_token)  # DPO adds its reference's forward
     loaders = {name: accelerator.prepare(loader) for name, loader in loaders.items()}
     train_loader, test_loader = loaders.pop("train", None), loaders.pop("test", None)
     state = load_checkpoint(accelerator, resume, identity) if resume else TrainState()
@@ -265,7 +270,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         log=log,
         rows={name: len(split) for name, split in splits.items()},
         started_s=started_s,
-        flops_per_token=flops_per_token(accelerator.unwrap_model(model), config.use_peft),
+        flops_per_token=counted(accelerator.unwrap_model(model), config.use_peft),
         given_flags=changed_flags(args),
         graphs=graphed_steps(args, config, accelerator, model, task),
     )

@@ -15,7 +15,7 @@ TAGGING_EXTENSIONS = (".conll", ".iob", ".conllu")
 """--task_type token_classification also reads CoNLL (word and tag per line) and CoNLL-U files."""
 GLUE_DATASET = "nyu-mll/glue"
 TaskName = Literal[TASK_CHOICES]
-TaskType = Literal["sequence_classification", "causal_lm", "token_classification"]
+TaskType = Literal["sequence_classification", "causal_lm", "token_classification", "dpo"]
 LongDocuments = Literal["truncate", "sliding_window"]
 WindowAggregation = Literal["mean", "max"]
 WindowLossWeighting = Literal["window", "document"]
@@ -31,7 +31,8 @@ class DataArgs:
     supervised fine-tuning of a decoder LLM on the rows of --train_file or --dataset_name (columns
     `messages`, `prompt` + `completion`, or `text`, as TRL reads them); it needs no --task_name.
     token_classification: a tag per word (NER, POS) from JSONL/parquet rows (`tokens` and `tags` or
-    `ner_tags`), CoNLL files (.conll, .iob) or CoNLL-U (.conllu); it needs no --task_name."""
+    `ner_tags`), CoNLL files (.conll, .iob) or CoNLL-U (.conllu); it needs no --task_name. dpo: preference
+    tuning of a decoder LLM on `prompt`, `chosen`, `rejected` rows (DPO, IPO, SimPO; --beta, --loss_type)."""
     task_name: TaskName = "mnli"
     """Sequence classification: a GLUE task, or custom: your own files or dataset, its labels read from the
     data."""
@@ -137,7 +138,8 @@ class DataArgs:
     def __post_init__(self):
         """Checks of this group's flags alone (values from YAML or Python arrive unchecked)."""
         if self.max_length is None:  # each family's default, recorded resolved
-            object.__setattr__(self, "max_length", 1024 if self.task_type == "causal_lm" else 128)
+            decoders = ("causal_lm", "dpo")
+            object.__setattr__(self, "max_length", 1024 if self.task_type in decoders else 128)
         if self.max_length <= 0:
             raise ConfigError(f"--max_length must be a positive integer, got {self.max_length}")
         for name in ("max_train_samples", "max_eval_samples"):

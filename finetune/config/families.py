@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from finetune.errors import ConfigError
 
 CLASSIFICATION, CAUSAL_LM, TAGGING = "sequence_classification", "causal_lm", "token_classification"
+DPO = "dpo"
 
 
 @dataclass(frozen=True)
@@ -44,15 +45,21 @@ OWNERS: dict[str, Owned] = {
     "window_aggregation": Owned(CLASSIFIERS, "merges a classifier's windows into the document's score"),
     "calibrate": Owned(CLASSIFIERS, "rescales a classifier's softmax"),
     "auto_find_batch_size": Owned(CLASSIFIERS, "is measured for classifiers only; set the batch size"),
-    "gguf_file": Owned((CAUSAL_LM,), "loads a causal LM's GGUF checkpoint"),
+    "gguf_file": Owned((CAUSAL_LM, DPO), "loads a causal LM's GGUF checkpoint"),
     "completion_only_loss": Owned((CAUSAL_LM,), "chooses a causal LM's targets"),
     "assistant_only_loss": Owned((CAUSAL_LM,), "chooses a causal LM's targets"),
-    "chat_template": Owned((CAUSAL_LM,), "renders a causal LM's conversations"),
+    "chat_template": Owned((CAUSAL_LM, DPO), "renders a causal LM's conversations"),
     "packing": Owned((CAUSAL_LM,), "packs a causal LM's rows"),
     "predict_with_generate": Owned((CAUSAL_LM,), "generates a causal LM's completions"),
     "generation_max_new_tokens": Owned((CAUSAL_LM,), "caps a causal LM's generations"),
     "chunked_loss": Owned((CAUSAL_LM,), "chunks a causal LM's loss over its vocabulary", asks=("true",)),
     "chunked_loss_tokens": Owned((CAUSAL_LM,), "sizes the chunks of a causal LM's loss"),
+    "beta": Owned((DPO,), "scales a preference loss's log-ratios"),
+    "loss_type": Owned((DPO,), "chooses a preference loss"),
+    "simpo_gamma": Owned((DPO,), "is SimPO's reward margin"),
+    "rpo_alpha": Owned((DPO,), "adds the chosen completions' SFT loss to a preference loss"),
+    "ref_model_name_or_path": Owned((DPO,), "names a preference loss's reference model"),
+    "precompute_ref_log_probs": Owned((DPO,), "precomputes a preference loss's reference log-probs"),
     # Classification's speed paths, asked for by name: the other families run torch's dropout on padded
     # batches (model/build.py plain_speed), and say so at the start.
     "padding_free": Owned(CLASSIFIERS, "is built for classifiers only", asks=("true", "varlen")),

@@ -23,6 +23,8 @@ IDENTITY_FLAGS = (
     "class_weights", "validation_split_percentage", "max_length", "max_train_samples", "max_eval_samples",
     "long_documents", "doc_stride", "window_aggregation", "window_loss_weighting",
     "completion_only_loss", "assistant_only_loss", "packing", "label_names", "label_all_tokens",
+    # the preference loss and its reference
+    "beta", "loss_type", "simpo_gamma", "rpo_alpha", "ref_model_name_or_path",
     # model
     "model_revision", "gguf_file", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
     "lora_target_modules", "lora_modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
@@ -93,6 +95,7 @@ LEFT_OUT = {
     "config": "the YAML file's keys are compared, as flags, not its path",
     "chat_template": "in tokenizer: the template's content, wherever the file is",
     "debug": _OUTPUT,
+    "precompute_ref_log_probs": f"{_SPEED} (the same reference's log-probs, computed once)",
 }
 # Entries that are not flags, and how a message names them.
 DERIVED = {
@@ -127,7 +130,13 @@ they are then left out of the identity (and so out of the comparison; `differenc
 this launch lacks)."""
 
 
+PREFERENCE = ("beta", "loss_type", "simpo_gamma", "rpo_alpha", "ref_model_name_or_path")
+"""DPO's flags: in a dpo run's identity only, so the other families' identities stay as recorded."""
+
+
 def _compared(flag: str, config: TrainConfig) -> bool:
+    if flag in PREFERENCE:
+        return config.task_type == "dpo"
     return flag not in GENERATED or config.predict_with_generate
 
 
@@ -269,7 +278,7 @@ def tokenizer_identity(config: TrainConfig) -> str | None:
     """causal_lm: a digest of the tokenizer files of the model folder and of --chat_template's content,
     which decide the target tokens (None for classification, whose tokenizer the model folder's digest
     does not cover either: its runs' identities stay as they were)."""
-    if config.task_type != "causal_lm":
+    if config.task_type not in ("causal_lm", "dpo"):
         return None
     digest = hashlib.sha256()
     folder = Path(config.model_name_or_path)

@@ -23,13 +23,14 @@ from finetune.config.data_args import DATA_EXTENSIONS, GLUE_DATASET, DataArgs
 from finetune.config.families import OWNERS, refuse_other_families_flags
 from finetune.config.model_args import ModelArgs
 from finetune.config.output_args import DEFAULT_LOGGING_STEPS, OutputArgs
+from finetune.config.preference_args import PreferenceArgs
 from finetune.config.system_args import SystemArgs
 from finetune.config.training_args import EvaluationArgs, OptimizationArgs
 from finetune.errors import ConfigError
 
 __all__ = ["DATA_EXTENSIONS", "GLUE_DATASET", "GROUPS", "TrainConfig"]
 
-GROUPS = (DataArgs, ModelArgs, OptimizationArgs, EvaluationArgs, OutputArgs, SystemArgs)
+GROUPS = (DataArgs, ModelArgs, OptimizationArgs, PreferenceArgs, EvaluationArgs, OutputArgs, SystemArgs)
 """In the order `--help`, docs/flags.md and train_config.json list them."""
 
 

@@ -254,10 +254,12 @@ def build_dataloaders(
     on_gpu: bool,
     position_offset: int = 0,
     collator=None,
+    columns: tuple[str, ...] = MODEL_INPUTS,
 ) -> dict[str, DataLoader]:
     """One loader per split: train in seeded length-grouped order, the others sorted by length.
     `position_offset`: where positions start in a `--padding_free varlen` batch (RoBERTa's start after
-    its padding id). `collator`: another family's batches (default: classification's)."""
+    its padding id). `collator`: another family's batches (default: classification's); `columns`: the
+    ones it reads (a pair's chosen_* and rejected_*)."""
     multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
     if collator is not None:
         pass
@@ -274,7 +276,7 @@ def build_dataloaders(
     }
     loaders = {}
     for name, split in tokenized.items():
-        inputs = split.select_columns([c for c in MODEL_INPUTS if c in split.column_names])
+        inputs = split.select_columns([c for c in columns if c in split.column_names])
         # A list: datasets' lazy Column reads Arrow on every index, which makes a sort by it slow.
         lengths = split.select_columns(["length"]).to_dict()["length"]
         if name == "train":

@@ -14,6 +14,10 @@ def family_for(task_type: str):
         from finetune.families.token_classification.family import TokenClassification
 
         return TokenClassification()
+    if task_type == "dpo":
+        from finetune.families.dpo.family import DPO
+
+        return DPO()
     from finetune.families.classification import SequenceClassification
 
     return SequenceClassification()

@@ -50,12 +50,13 @@ class SequenceClassification:
     ) -> MicroBatch:
         """Units: the rows' loss weights summed (--window_loss_weighting document), else None (rows)."""
         labels, weight = batch.pop("labels"), batch.pop("weight", None)
+        tokens = batch["attention_mask"].sum()
         if graphs is not None:  # --cuda_graphs: the same step, replayed
             summed = graphs.forward_backward(batch, labels, weight)
         else:
             summed = forward_backward(model, accelerator, task, batch, labels, weight, batch_divisor)
         units = None if weight is None else weight.sum(dtype=torch.float64)
-        return summed, units, labels.shape[0]
+        return MicroBatch(summed, units, labels.shape[0], tokens)
 
     def evaluator(self, task: Task, accelerator) -> Evaluator:
         return functools.partial(_evaluate, accelerator=accelerator, task=task)

@@ -3,12 +3,13 @@
 A family owns reading and checking its rows, the model's Auto class and head, encoding and collating,
 the micro-batch's summed loss and its unit count, evaluation, predictions and what the export says.
 The loop, checkpoints, the step plan, signals, identity, seeds, sweeps and Slurm never ask which family
-runs: they see `forward_backward`'s (summed loss, units, rows) and `evaluator`'s metrics.
+runs: they see `forward_backward`'s `MicroBatch` and `evaluator`'s metrics.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -16,11 +17,25 @@ import torch
 from finetune.config.train_config import greater_is_better_default
 from finetune.errors import ConfigError
 
-MicroBatch = tuple[torch.Tensor, "torch.Tensor | None", int]
-"""(the micro-batch's summed loss, its units, its rows). Units: the float64 count (or weight) the loss
-is a sum over, on the device: target tokens, or the rows' loss weights; None when each row weighs 1.
-The update's loss is every micro-batch's and rank's summed loss over every one's units (rows when None),
-so it does not depend on how the window is cut."""
+
+@dataclass
+class MicroBatch:
+    """What one micro-batch's `forward_backward` hands the loop, all on the device but `rows`."""
+
+    loss_sum: torch.Tensor
+    """The micro-batch's summed loss, detached."""
+    units: torch.Tensor | None
+    """The float64 count (or weight) the loss is a sum over: target tokens, or the rows' loss weights;
+    None when each row weighs 1. The update's loss is every micro-batch's and rank's summed loss over
+    every one's units (rows when None), so it does not depend on how the window is cut."""
+    rows: int
+    """The rows (documents, pairs) it trained on: the log's samples."""
+    tokens: torch.Tensor
+    """Its real (unpadded) tokens: the log's tokens per second and MFU."""
+    metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    """Named (sum, count) pairs: the loop adds them up over the log window and every rank, in the loss's
+    all-reduce, and logs sum / count under the name. Every micro-batch of a family names the same ones."""
+
 
 Evaluator = Callable[..., dict]
 """Collective: (model, eval_loaders, should_stop=None) -> eval_* metrics, each row counted once."""
@@ -70,6 +85,17 @@ class TaskFamily(Protocol):
 
     def card_parts(self, config, task):
         """The model card's pipeline, description and use (`output.card.CardParts`; None: a classifier's)."""
+
+
+OPTIONAL = {
+    "after_prepare": "(accelerator, model): collective; once the model is prepared (DPO places its frozen "
+    "reference with prepare_model(..., evaluation_mode=True) and precomputes its log-probs)",
+    "flops_per_token": "(model, use_peft) -> int: the training FLOPs of one real token, for MFU "
+    "(default: model/flops.py's 6N; DPO adds its reference's forward)",
+    "normalises_windows": "bool: forward_backward takes window=(epoch, index) and divides each term of "
+    "its loss by its window total itself; the loop does not rescale the window (DPO with --rpo_alpha)",
+}
+"""Members a family may have besides the protocol's, which run.py and the loop look up by name."""
 
 
 def metric_choice(config, splits: dict, measured: list[str], default: str) -> dict:

@@ -239,7 +239,9 @@ def summary_line(summary: dict) -> str:
 def study_subject(config: TrainConfig) -> str:
     """What the seeds learnt, for the card's title: a classification task's name, or the family's
     (--task_name is classification's alone), and the training data's file or dataset."""
-    family = {"token_classification": "tagging", "causal_lm": "causal LM"}.get(config.task_type)
+    family = {"token_classification": "tagging", "causal_lm": "causal LM", "dpo": "preference tuning"}.get(
+        config.task_type
+    )
     what = family or ("classification" if config.task_name == "custom" else config.task_name)
     data = config.train_file or config.dataset_name
     if data and Path(data).exists():

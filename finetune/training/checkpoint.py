@@ -81,8 +81,9 @@ class TrainState:
     """Evaluation seconds up to this checkpoint, summed over the run's segments."""
     log_window: dict | None = None
     """The logging window open at this checkpoint (steps since the last metrics.jsonl loss line), summed
-    over processes: {"loss_sum", "samples", "tokens", "seconds"}. A resumed run continues it, so its next
-    loss line, and the run's samples and tokens, are those of a run never interrupted."""
+    over processes: {"loss_sum", "samples", "tokens", "seconds"}, and "metrics": {name: [sum, count]} for a
+    family that logs its own. A resumed run continues it, so its next loss line, and the run's samples and
+    tokens, are those of a run never interrupted."""
     for_export: bool = False
     """A checkpoint of the last step, written after training for the export alone (no scheduled one
     held that step; training/loop.py): a run resumed from it trains no further, and it is removed

@@ -15,11 +15,13 @@ from tqdm.auto import tqdm
 from finetune.config.train_config import TrainConfig
 from finetune.data.batching import PLACEHOLDER
 from finetune.distributed.signals import StopSignals
-from finetune.errors import TrainingFailed, TrainingInterrupted
+from finetune.errors import TrainingInterrupted
+from finetune.families.family import MicroBatch
 from finetune.output.tracking import MetricsLog
 from finetune.speed.cuda_graphs import GraphedSteps
 from finetune.training.best import _evaluate_and_keep_best, stopped_early
-from finetune.training.checkpoint import PREFIX, TrainState, complete_checkpoints, save_checkpoint
+from finetune.training.checkpoint import PREFIX, TrainState, save_checkpoint
+from finetune.training.divergence import diverged
 from finetune.training.evaluation import EvaluationAbandoned
 from finetune.training.meter import _fractional_epoch, _Meter, model_flops_utilization
 from finetune.training.steps import StepPlan
@@ -116,13 +118,16 @@ def train(run: Run, stop: StopSignals):
                 if state.global_step >= plan.total_updates:  # also: resumed after the last step
                     break
                 with accelerator.accumulate(model):  # no gradient all-reduce until the window's last one
-                    summed, units, rows = _forward_backward(run, batch)
-                window_samples += rows
+                    step = _forward_backward(run, batch)
+                window_samples += step.rows
+                units = step.units
                 if units is not None:  # on the device: target tokens, or the rows' loss weights
                     window_units = units if window_units is None else window_units + units
                 state.micro_batches_in_epoch += 1
-                if rows:  # a placeholder's (0) adds nothing: the log counts real rows and tokens
-                    meter.add(summed, batch["attention_mask"], rows, units)
+                if step.rows:  # a placeholder's (0) adds nothing: the log counts real rows and tokens
+                    meter.add(step.loss_sum, step.tokens, step.rows, units)
+                if step.metrics:  # a placeholder's zeros too: every rank's window names the same ones
+                    meter.add_metrics(step.metrics)
                 if not accelerator.sync_gradients:  # the same on every rank: the window goes on
                     continue
                 # Collective; on the device.
@@ -182,24 +187,36 @@ def after_update(run: Run, evaluate, stop: StopSignals, progress) -> bool:
     return stopped_early(config, state)
 
 
-def _forward_backward(run: Run, batch: dict):
-    """One micro-batch: (its summed loss, its units, its rows), its gradients accumulated: the family's
+def _forward_backward(run: Run, batch: dict) -> MicroBatch:
+    """One micro-batch's record, its gradients accumulated: the family's
     step, replayed as a CUDA graph (--cuda_graphs) or eager. Collective under DDP: backward all-reduces
     on the window's last micro-batch.
 
     A placeholder (data/batching.py RankBatches: this rank has no row left in the epoch's last global
     batch) runs its row with a loss divided by inf, so its gradients are zeros (backward is linear in
-    the loss's gradient) and it meets the other ranks' all-reduce; it counts 0 rows and 0 units."""
+    the loss's gradient) and it meets the other ranks' all-reduce; it counts 0 rows, 0 units, 0 tokens and
+    zero metrics.
+
+    A family with `normalises_windows` (a loss of terms over different units: DPO's pairs and RPO's chosen
+    tokens) is given `window`, (epoch, the window's index in it: micro-batches done // accumulation, as
+    Accelerate's `accumulate` syncs from each epoch's start), and divides each term by its window total
+    itself (the order is a pure function of seed and epoch: no collective); the loop does not rescale."""
     divisor = run.config.per_device_train_batch_size
     placeholder = batch.pop(PLACEHOLDER, False)
     if placeholder:
         divisor = math.inf  # never with --cuda_graphs: they run on one process, which has no placeholder
-    summed, units, rows = run.family.forward_backward(
-        run.model, run.accelerator, run.task, batch, divisor, run.graphs
+    window = {}
+    if getattr(run.family, "normalises_windows", False):  # a loss of several terms, each over its window
+        accumulation = run.config.gradient_accumulation_steps
+        window["window"] = (run.state.epoch, run.state.micro_batches_in_epoch // accumulation)
+    step = run.family.forward_backward(
+        run.model, run.accelerator, run.task, batch, divisor, run.graphs, **window
     )
     if placeholder:
-        return torch.zeros_like(summed), None if units is None else torch.zeros_like(units), 0
-    return summed, units, rows
+        units = None if step.units is None else torch.zeros_like(step.units)
+        metrics = {name: (torch.zeros_like(a), torch.zeros_like(b)) for name, (a, b) in step.metrics.items()}
+        return MicroBatch(torch.zeros_like(step.loss_sum), units, 0, torch.zeros_like(step.tokens), metrics)
+    return step
 
 
 def _optimizer_step(run: Run, window_samples: int, full_window: int, window_units=None) -> torch.Tensor:
@@ -210,7 +227,9 @@ def _optimizer_step(run: Run, window_samples: int, full_window: int, window_unit
     in fp16 GradScaler skips it itself) and the step is kept in `run.first_nonfinite_step`, read at
     the next log line, checkpoint or evaluation, which fail the run naming that step."""
     accelerator, model, config = run.accelerator, run.model, run.config
-    if accelerator.gradient_state.end_of_dataloader or window_units is not None:  # every rank at once
+    # A family that normalises its terms over the window's own totals (`normalises_windows`) has already.
+    rescales = not getattr(run.family, "normalises_windows", False)
+    if rescales and (accelerator.gradient_state.end_of_dataloader or window_units is not None):
         _average_over_real_window(accelerator, model, window_samples, full_window, window_units)
     # With clipping off the norm is still measured (max inf): it is the NaN guard.
     grad_norm = whole_norm(accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm or math.inf))
@@ -242,13 +261,13 @@ def _raise_if_diverged(run: Run) -> None:
     if run.first_nonfinite_step is not None:
         step = int(run.first_nonfinite_step)
         if step:
-            raise _diverged(step, run.config, run.accelerator.mixed_precision)
+            raise diverged(step, run.config, run.accelerator.mixed_precision)
 
 
 def _train_record(run: Run, meter: _Meter) -> dict:
     """Collective: the metrics.jsonl line for the steps since the last one (reads the device)."""
     _raise_if_diverged(run)
-    loss, samples, tokens, seconds = meter.flush(run.accelerator, run.state)
+    loss, samples, tokens, seconds, metrics = meter.flush(run.accelerator, run.state)
     return {
         "step": run.state.global_step,
         "epoch": _fractional_epoch(run),
@@ -258,6 +277,7 @@ def _train_record(run: Run, meter: _Meter) -> dict:
         "samples_per_second": samples / seconds,
         "tokens_per_second": tokens / seconds,
         **model_flops_utilization(run, tokens / seconds, "mfu"),
+        **metrics,  # the family's (DPO's rewards/*), each its window's sum over its count
     }
 
 
@@ -338,22 +358,3 @@ def _average_over_real_window(
         scale = full_window / accelerator.reduce(seen, "sum")
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     torch._foreach_mul_(grads, scale)
-
-
-def _diverged(step: int, config: TrainConfig, precision: str) -> TrainingFailed:
-    """The step was skipped on the device, and nothing is saved once the flag is set, so no NaN
-    reaches the weights or a checkpoint. The advice is what this run can change: a lower clipping
-    threshold only where clipping is on (--max_grad_norm 0 clips nothing, so lowering it does nothing),
-    bf16 only where it ran fp16 (whose range overflows)."""
-    latest = complete_checkpoints(config.output_dir)
-    last_good = latest[-1] if latest else "none (set --checkpointing_steps)"
-    if config.max_grad_norm:
-        advice = [f"lower --learning_rate or --max_grad_norm (now {config.max_grad_norm:g})"]
-    else:
-        advice = ["lower --learning_rate", "clip the gradients with --max_grad_norm 1.0 (clipping is off)"]
-    if precision == "fp16":
-        advice.append("use bf16 instead of fp16")
-    said = ", or ".join(advice) if len(advice) < 3 else f"{advice[0]}, {advice[1]}, or {advice[2]}"
-    return TrainingFailed(
-        f"the loss became NaN or inf at step {step}; the last good checkpoint is {last_good}; {said}"
-    )

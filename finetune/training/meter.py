@@ -30,6 +30,11 @@ class _Meter:
         # The loss's weights summed (--window_loss_weighting document); 0 when each pair weighs 1, so an
         # unweighted step adds nothing here (no extra kernel launch a step on a GPU).
         self.weights = torch.tensor(float(window.get("weights", 0.0)), device=device, dtype=torch.float64)
+        # The family's named (sum, count) pairs (`MicroBatch.metrics`), in the order first added.
+        self.metrics = {
+            name: torch.tensor(pair, device=device, dtype=torch.float64)
+            for name, pair in window.get("metrics", {}).items()
+        }
         self.grad_norm = torch.zeros((), device=device)
         """The last step's gradient norm, on the device until a line is logged."""
         self.started = time.perf_counter()
@@ -53,10 +58,7 @@ class _Meter:
     def keep_in(self, accelerator, state: TrainState) -> None:
         """Collective (one all-reduce and read, at a checkpoint: a wait anyway): the open window's sums
         over every rank and the run's seconds into `state`, for a run resumed from it."""
-        samples = torch.tensor(float(self.samples), device=self.loss.device, dtype=self.loss.dtype)
-        loss_total, samples, tokens, weights = accelerator.reduce(
-            torch.stack([self.loss, samples, self.tokens, self.weights]), "sum"
-        ).tolist()
+        (loss_total, samples, tokens, weights), metrics = self._reduced(accelerator)
         seconds = time.perf_counter() - self.since
         state.log_window = {
             "loss_sum": loss_total,
@@ -65,30 +67,53 @@ class _Meter:
             "weights": weights,
             "seconds": seconds,
         }
+        if metrics:  # absent for the families without metrics: their checkpoints stay as they were
+            state.log_window["metrics"] = metrics
         state.train_runtime_s, state.eval_runtime_s = self.run_seconds()
 
-    def add(self, summed_loss: torch.Tensor, attention_mask: torch.Tensor, samples: int, weights=None):
-        """`summed_loss` of `samples` pairs; `weights`: the sum of their loss weights (None: 1 each)."""
+    def add(self, summed_loss: torch.Tensor, tokens: torch.Tensor, samples: int, weights=None):
+        """`summed_loss` of `samples` pairs and `tokens` real tokens; `weights`: the sum of their loss
+        weights (None: 1 each)."""
         self.loss += summed_loss.detach()
-        self.tokens += attention_mask.sum()
+        self.tokens += tokens
         self.samples += samples
         if weights is not None:
             self.weights += weights
 
-    def flush(self, accelerator, state: TrainState) -> tuple[float, int, int, float]:
-        """Collective: every rank's sums, added to the run's totals: (the loss's weighted mean, pairs,
-        tokens, seconds)."""
+    def add_metrics(self, metrics: dict) -> None:
+        """A micro-batch's named (sum, count) pairs, added on the device (a placeholder's are zeros: every
+        rank holds the same names, so the all-reduce's sizes agree)."""
+        for name, (total, count) in metrics.items():
+            pair = torch.stack([total.detach().to(torch.float64), count.detach().to(torch.float64)])
+            kept = self.metrics.get(name)
+            self.metrics[name] = pair if kept is None else kept + pair
+
+    def _reduced(self, accelerator) -> tuple[list[float], dict[str, list[float]]]:
+        """Collective: one all-reduce of the loss, samples, tokens, weights and every metric's pair, read
+        once: ([loss, samples, tokens, weights], {name: [sum, count]})."""
         samples = torch.tensor(float(self.samples), device=self.loss.device, dtype=self.loss.dtype)
-        loss_total, samples, tokens, weights = accelerator.reduce(
-            torch.stack([self.loss, samples, self.tokens, self.weights]), "sum"
-        ).tolist()
+        names = list(self.metrics)
+        parts = [self.loss, samples, self.tokens, self.weights]
+        if names:  # the families without metrics reduce the same 4 values as before
+            parts += [value for name in names for value in self.metrics[name]]
+        values = accelerator.reduce(torch.stack(parts), "sum").tolist()
+        metrics = {name: values[4 + 2 * i : 6 + 2 * i] for i, name in enumerate(names)}
+        return values[:4], metrics
+
+    def flush(self, accelerator, state: TrainState) -> tuple[float, int, int, float, dict]:
+        """Collective: every rank's sums, added to the run's totals: (the loss's weighted mean, pairs,
+        tokens, seconds, {metric: its sum over its count})."""
+        (loss_total, samples, tokens, weights), metrics = self._reduced(accelerator)
         state.samples_seen += int(samples)
         state.tokens_seen += int(tokens)
         now = time.perf_counter()
         seconds, self.since = now - self.since, now
         self.loss.zero_(), self.tokens.zero_(), self.weights.zero_()
+        for pair in self.metrics.values():
+            pair.zero_()
         self.samples = 0
-        return loss_total / (weights or max(samples, 1)), int(samples), int(tokens), seconds
+        means = {name: total / count for name, (total, count) in metrics.items() if count}
+        return loss_total / (weights or max(samples, 1)), int(samples), int(tokens), seconds, means
 
 
 def _fractional_epoch(run: Run) -> float:

@@ -455,9 +455,11 @@ ASKING = {
     "chat_template": ["t.jinja"], "gguf_file": ["m.gguf"], "packing": [], "predict_with_generate": [],
     "generation_max_new_tokens": ["8"], "padding_free": ["varlen"], "dropout_kernel": ["packed"],
     "cuda_graphs": ["true"], "chunked_loss": ["true"], "chunked_loss_tokens": ["64"],
+    "beta": ["0.2"], "loss_type": ["ipo"], "simpo_gamma": ["1.0"], "rpo_alpha": ["0.5"],
+    "ref_model_name_or_path": ["ref"], "precompute_ref_log_probs": [],
 }  # fmt: skip
 """A value of each family's flag that asks for what only its families do."""
-FAMILIES = ("sequence_classification", "causal_lm", "token_classification")
+FAMILIES = ("sequence_classification", "causal_lm", "token_classification", "dpo")
 
 
 @pytest.mark.parametrize("flag", sorted(ASKING))

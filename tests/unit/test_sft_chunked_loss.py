@@ -330,8 +330,9 @@ def test_the_familys_step_under_accelerates_autocast_gives_the_whole_loss_and_gr
     def step(chunks: int | None):
         model.zero_grad()
         family.chunk_tokens = chunks
-        summed, count, rows = family.forward_backward(model, accelerator, None, dict(batch), 1)
-        return float(summed), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        record = family.forward_backward(model, accelerator, None, dict(batch), 1)
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return float(record.loss_sum), grads
 
     whole, chunked = step(None), step(CHUNK)
     assert chunked[0] == pytest.approx(whole[0], rel=1e-6)

@@ -153,7 +153,8 @@ class CausalLM:
         the window's gradients by every rank's count, so an update is the mean per target token. Rows:
         the documents (a packed micro-batch carries their count as an int)."""
         labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
-        if "documents" in batch:  # --packing; the 2D attention_mask stays in `batch` for the loop's count
+        tokens = batch["attention_mask"].sum()  # --packing: the 2D mask, before forward_inputs reads it
+        if "documents" in batch:
             inputs, rows = forward_inputs(batch, self.packed), batch["documents"]
         else:
             inputs, rows = batch, labels.shape[0]
@@ -169,7 +170,7 @@ class CausalLM:
                 logits = model(**inputs, use_cache=False).logits  # the config keeps it on: generation's
             summed, targets = target_loss(logits, labels, positions)
         accelerator.backward(summed / batch_divisor)
-        return summed.detach(), targets, rows
+        return MicroBatch(summed.detach(), targets, rows, tokens)
 
     def evaluator(self, task: LmTask, accelerator) -> Evaluator:
         scored = functools.partial(

@@ -90,9 +90,10 @@ class TokenClassification:
         sub-token of the whole window. Rows: the windows."""
         labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
         batch.pop("row"), batch.pop("word_index")
+        tokens = batch["attention_mask"].sum()
         summed, units = token_loss(model(**batch).logits, labels, positions, task)
         accelerator.backward(summed / batch_divisor)
-        return summed.detach(), units, labels.shape[0]
+        return MicroBatch(summed.detach(), units, labels.shape[0], tokens)
 
     def evaluator(self, task: TagTask, accelerator) -> Evaluator:
         return functools.partial(evaluate_tags, accelerator=accelerator, task=task)

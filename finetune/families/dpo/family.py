@@ -1,0 +1,252 @@
+"""`--task_type dpo`: preference tuning (DPO, IPO, SimPO; TRL's names) of a causal LM. The model is the
+causal-LM family's (AutoModelForCausalLM, full or LoRA, the output layer only at target tokens); a
+micro-batch's chosen and rejected sequences run in one forward; its loss is the pairs' summed loss (the
+loop makes the update the mean over every pair of the window); its metrics are TRL's rewards/* and
+logps/*; evaluation gives eval_loss and eval_rewards/*, each pair counted once on any number of
+processes, against the same reference as training (--precompute_ref_log_probs: the precomputed one)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
+from finetune.errors import ConfigError
+from finetune.families.causal_lm.batches import POSITIONS, head_at
+from finetune.families.causal_lm.family import CausalLM
+from finetune.families.dpo.collate import PAIR_COLUMNS, PairCollator
+from finetune.families.dpo.data import encode_pairs, load_preference_splits
+from finetune.families.dpo.loss import as_loss_reads, pair_losses, reward_metrics, sequence_logps
+from finetune.families.dpo.precompute import precomputed_logps
+from finetune.families.dpo.reference import Reference
+from finetune.families.dpo.windows import WindowTotals
+from finetune.families.family import Evaluator, MicroBatch, metric_choice
+from finetune.model.flops import non_embedding_parameters
+from finetune.model.lora import training_flops_per_token
+from finetune.output.card import CardParts
+from finetune.training.evaluation import EvaluationAbandoned, progress
+
+
+class DPO:
+    name = "dpo"
+    pipeline_tag = "text-generation"
+    captures_cuda_graphs = False
+
+    def __init__(self):
+        self.lm = CausalLM()
+        """The model as the causal-LM family builds and exports it."""
+        self.reference: Reference | None = None
+        """Set by `build_model`."""
+        self.head_at_targets = False
+        self.options = None
+        """(loss_type, beta, simpo_gamma), set by `load`."""
+        self.rpo_alpha = None
+        self.normalises_windows = False
+        """--rpo_alpha: the loss is two terms over different units (pairs, chosen target tokens), each
+        divided by its window's total here (`windows.WindowTotals`), so the loop does not rescale."""
+        self.totals: WindowTotals | None = None
+        self.precompute = None
+        """--precompute_ref_log_probs: (the resolved config, the encoded splits, the collator), kept by
+        `dataloaders` for `after_prepare`."""
+        self.precomputed: dict | None = None
+        """{split: {"logps": [rows, 2], "counts": [rows, 2]}}: the reference's, by the pairs' `row`."""
+
+    def load(self, config):
+        if config.chat_template:
+            from finetune.families.causal_lm.family import _check_chat_template
+
+            _check_chat_template(config.chat_template)
+        self.options = (config.loss_type, config.beta, config.simpo_gamma)
+        self.rpo_alpha = config.rpo_alpha
+        self.normalises_windows = bool(config.rpo_alpha)
+        return load_preference_splits(config)
+
+    def choose_metric(self, config, task, splits: dict) -> dict:
+        return metric_choice(config, splits, ["eval_loss", *task.metric_keys()], "eval_loss")
+
+    def check(self, config, task, splits: dict) -> None:
+        if config.do_predict:
+            raise ConfigError(
+                "--do_predict: a dpo run does not predict yet; evaluate on --validation_file, or predict "
+                "with the exported model as --task_type causal_lm",
+                flag="--do_predict",
+                fix="drop --do_predict",
+            )
+
+    def build_model(self, args, task, accelerator, loading: dict, bf16_native: bool, cuda_graphs: str):
+        model, tokenizer, backbone, speed = self.lm.build_model(
+            args, task, accelerator, loading, bf16_native, cuda_graphs
+        )
+        # One forward of both sides' logits at their targets; the chunked loss is the SFT family's alone.
+        self.lm.chunk_tokens = None
+        speed["chunked_loss"], speed["chunked_loss_tokens"] = "false", None
+        self.head_at_targets = self.lm.head_at_targets
+        self.reference = Reference(args, model, loading)
+        backbone["reference"] = self.reference.describe(args)
+        return model, tokenizer, backbone, speed
+
+    def after_prepare(self, accelerator, model) -> None:
+        """Collective: the reference placed, cast (and sharded) as the prepared policy; with
+        --precompute_ref_log_probs its log-probs of every pair (`precompute.py`), and a frozen copy let go."""
+        self.reference.prepare(accelerator)
+        if self.precompute is None:
+            return
+        config, splits, collator = self.precompute
+
+        def compute(batch):
+            labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
+            return self.reference.logps(accelerator, model, batch, labels, positions, self.head_at_targets)
+
+        was_training = model.training
+        found = precomputed_logps(accelerator, config, splits, collator, compute)
+        device = accelerator.device  # read by each micro-batch's row numbers, already on the device
+        self.precomputed = {name: {k: v.to(device) for k, v in kept.items()} for name, kept in found.items()}
+        model.train(was_training)
+        self.precompute = None
+        self.reference.model = None  # every pair's log-probs are kept: the copy's memory is freed
+
+    def flops_per_token(self, model, use_peft: bool) -> int:
+        """The policy's training FLOPs per token (6N; LoRA's own count) and the reference's forward (2N)
+        where it runs per micro-batch."""
+        non_embedding = non_embedding_parameters(model)
+        trained = training_flops_per_token(model, non_embedding) if use_peft else 6 * non_embedding
+        per_step = self.reference.kind != "none" and self.precomputed is None  # precomputed: once, before
+        return trained + (2 * non_embedding if per_step else 0)
+
+    def tokenize(self, task, splits: dict, tokenizer, config, accelerator) -> dict:
+        return encode_pairs(task, splits, tokenizer, config, accelerator)
+
+    def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
+        multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
+        collator = PairCollator(tokenizer.pad_token_id, multiple, config.max_length)
+        loaders = build_dataloaders(
+            tokenized, tokenizer, config, world_size, on_gpu, collator=collator, columns=PAIR_COLUMNS
+        )
+        if config.precompute_ref_log_probs and self.reference.kind != "none":
+            scored = {
+                name: split.select_columns([c for c in PAIR_COLUMNS if c in split.column_names])
+                for name, split in tokenized.items()
+            }
+            self.precompute = (config, scored, collator)
+        if self.normalises_windows and "train" in loaders:
+            chosen = tokenized["train"].select_columns(["chosen_targets"]).to_dict()["chosen_targets"]
+            order = loaders["train"].batch_sampler  # data/batching.py RankBatches, before prepare wraps it
+            self.totals = WindowTotals(order, {"chosen_tokens": chosen}, config.gradient_accumulation_steps)
+        return loaders
+
+    def forward_backward(
+        self, model, accelerator, task, batch: dict, batch_divisor: int, graphs=None, window=None
+    ):
+        """The micro-batch's pairs' summed loss, its rows the pairs (units None: the loop makes the update
+        the mean over every pair of the window, however it is cut), and the pairs' rewards/* and logps/*
+        sums. With --rpo_alpha (`window` given): the pairs' loss over the window's pairs plus alpha x the
+        chosen targets' cross-entropy over the window's chosen target tokens, each total counted from the
+        epoch's order (`WindowTotals`), so both are means over the whole window on any cut."""
+        scores, chosen, rejected, pairs, tokens, chosen_nll = self._scores(model, accelerator, batch, "train")
+        summed = scores.losses.sum()
+        metrics = reward_metrics(scores, chosen, rejected)
+        if window is None:
+            accelerator.backward(summed / batch_divisor)
+            return MicroBatch(summed.detach(), None, pairs, tokens, metrics)
+        totals = self.totals.of(*window)
+        loss = summed / totals["pairs"] + self.rpo_alpha * chosen_nll / totals["chosen_tokens"]
+        # accelerate divides by the accumulation steps and DDP averages over the ranks: undone here; a
+        # placeholder (batch_divisor inf) weighs nothing.
+        weight = 0.0 if math.isinf(batch_divisor) else accelerator.gradient_accumulation_steps
+        accelerator.backward(loss * (weight * accelerator.num_processes))
+        metrics["nll_loss"] = (chosen_nll.detach().double(), chosen_nll.new_tensor(totals["chosen_tokens"]))
+        # The log's loss is the mean per pair: each window's pairs times its loss, over the pairs.
+        return MicroBatch(loss.detach() * totals["pairs"], None, pairs, tokens, metrics)
+
+    def _scores(self, model, accelerator, batch: dict, split: str):
+        """The pairs' scores (loss, rewards), the policy's log-probs as the loss reads them, the pair
+        count, the real tokens and the chosen targets' summed cross-entropy. `split`: train (the policy's
+        forward keeps its graph) or the evaluated split (whose precomputed reference log-probs it reads)."""
+        loss_type, beta, gamma = self.options
+        grad = split == "train"
+        labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
+        rows = batch.pop("row")
+        precomputed = None
+        if self.precomputed is not None:
+            kept = self.precomputed[split]
+            sums, counts = kept["logps"][rows], kept["counts"][rows]
+            reads = as_loss_reads(sums, counts, loss_type)
+            precomputed = reads[:, 0], reads[:, 1]
+        tokens = batch["attention_mask"].sum()
+        pairs = labels.shape[0] // 2
+        hooked = accelerator.unwrap_model(model) if self.head_at_targets else None
+        with torch.set_grad_enabled(grad), head_at(hooked, positions):
+            logits = model(**batch, use_cache=False).logits
+        logps, counts, each = sequence_logps(logits, labels, positions)
+        # RPO's SFT term: the chosen rows' (the first `pairs`) target cross-entropies summed
+        chosen_rows = torch.div(positions, labels.shape[1], rounding_mode="floor") < pairs
+        chosen_nll = (each * chosen_rows).sum()
+        logps = as_loss_reads(logps, counts, loss_type)
+        ref_chosen = ref_rejected = None
+        if precomputed:
+            ref_chosen, ref_rejected = precomputed
+        else:
+            found = self.reference.logps(accelerator, model, batch, labels, positions, self.head_at_targets)
+            if found is not None:
+                ref = as_loss_reads(*found, loss_type)
+                ref_chosen, ref_rejected = ref[:pairs], ref[pairs:]
+        chosen, rejected = logps[:pairs], logps[pairs:]
+        scores = pair_losses(chosen, rejected, ref_chosen, ref_rejected, loss_type, beta, gamma)
+        return scores, chosen, rejected, pairs, tokens, chosen_nll
+
+    def evaluator(self, task, accelerator) -> Evaluator:
+        return functools.partial(self._evaluate, accelerator=accelerator)
+
+    def _evaluate(self, model, eval_loaders: dict, should_stop=None, *, accelerator) -> dict:
+        """Collective: eval_loss (the mean loss per pair), eval_rewards/accuracies, margins, chosen and
+        rejected, over every pair of the split once (gathered without Accelerate's repeated rows)."""
+        model = getattr(model, "_orig_mod", model)
+        model.eval()
+        results = {}
+        for split, loader in eval_loaders.items():
+            kept = {"loss": [], "chosen": [], "rejected": []}
+            with progress(accelerator, loader, "eval") as batches:
+                for batch in batches:
+                    if should_stop is not None and should_stop():  # every rank, at the same batch
+                        model.train()
+                        raise EvaluationAbandoned
+                    scores, *_ = self._scores(model, accelerator, batch, split)
+                    gathered = accelerator.gather_for_metrics(
+                        (scores.losses.detach(), scores.chosen_rewards, scores.rejected_rewards)
+                    )
+                    for name, values in zip(kept, gathered, strict=True):
+                        kept[name].append(values.double())
+            loss, chosen, rejected = (torch.cat(kept[name]) for name in kept)
+            prefix = "eval" if split == "validation" else f"eval_{split}"
+            margins = chosen - rejected
+            results[f"{prefix}_loss"] = loss.mean().item()
+            results[f"{prefix}_rewards/accuracies"] = (margins > 0).double().mean().item()
+            results[f"{prefix}_rewards/margins"] = margins.mean().item()
+            results[f"{prefix}_rewards/chosen"] = chosen.mean().item()
+            results[f"{prefix}_rewards/rejected"] = rejected.mean().item()
+            results[f"{prefix}_samples"] = int(loss.numel())
+        model.train()
+        return results
+
+    def autocast_loaders(self, eval_loaders: dict) -> dict:
+        return eval_loaders
+
+    def predict(self, accelerator, model, loader, task, num_rows: int) -> list[dict]:
+        raise AssertionError("refused in check: a dpo run does not predict")
+
+    def card_parts(self, config, task) -> CardParts:
+        model = config.hub_model_id or config.output_dir
+        use = (
+            "from transformers import pipeline",
+            "",
+            f'generate = pipeline("text-generation", model="{model}")',
+            'prompt = "..."  # written as the training pairs\' prompts are',
+            'print(generate(prompt, max_new_tokens=64, return_full_text=False)[0]["generated_text"])',
+        )
+        trained_on = (
+            f"preference pairs ({config.loss_type} loss, beta {config.beta:g}, reference: "
+            f"{self.reference.describe(config) if self.reference else 'none'})"
+        )
+        return CardParts(pipeline_tag=self.pipeline_tag, tag="dpo", trained_on=trained_on, use=use)
