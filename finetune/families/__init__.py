@@ -14,6 +14,6 @@ def family_for(task_type: str):
         from finetune.families.token_classification.family import TokenClassification
 
         return TokenClassification()
-    from finetune.families.classification import SequenceClassification
+    from finetune.families.sequence_classification.family import SequenceClassification
 
     return SequenceClassification()

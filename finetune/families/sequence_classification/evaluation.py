@@ -1,19 +1,18 @@
-"""Loss, metrics and predictions: every row counted exactly once, whatever the number of processes."""
+"""Sequence classification's loss, metrics and predictions: every row counted exactly once, whatever the
+number of processes."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from finetune.data.tasks import Task, eval_key
 from finetune.data.windows import by_document
+from finetune.families.family import class_weights_tensor
 from finetune.metrics.calibration import multi_label_calibration, single_label_calibration
 from finetune.metrics.classification import multi_label_scores, single_label_scores
 from finetune.metrics.glue_scores import glue_scores
+from finetune.training.evaluation import EvaluationAbandoned, progress, without_autocast
 
 
 def loss_sum(
@@ -50,27 +49,6 @@ def forward_backward(model, accelerator, task: Task, batch: dict, labels, weight
     summed = loss_sum(model(**batch).logits, labels, task, weight)
     accelerator.backward(summed / batch_divisor)
     return summed
-
-
-@functools.cache  # never evicted: a CUDA graph reads the tensor's memory without holding it
-def class_weights_tensor(weights: tuple[float, ...], device: torch.device) -> torch.Tensor:
-    """--class_weights on the device, copied once per process, not per step: a copy from host memory
-    waits for the device, and cannot be captured in a CUDA graph (--cuda_graphs)."""
-    return torch.tensor(weights, dtype=torch.float32, device=device)
-
-
-def progress(accelerator, loader, desc: str):
-    """A progress bar over `loader`'s batches, made as training's is (on each machine's first rank, to
-    stderr): evaluation, generation and prediction can take minutes. Nested under the training bar it is
-    cleared when done (`leave=None`: kept only as the one bar), so an evaluate-only or predicting run keeps
-    its final line and a training run only its `step N: ...` lines. A context manager: closed before any
-    error message."""
-    return tqdm(loader, desc=desc, unit="batch", leave=None, disable=not accelerator.is_local_main_process)
-
-
-class EvaluationAbandoned(Exception):
-    """A stop signal arrived during evaluation: it is dropped, not finished, so the checkpoint comes
-    within seconds (a preemption notice gives ~30 s)."""
 
 
 def evaluate_splits(accelerator, model, eval_loaders: dict, task: Task, should_stop=None) -> dict:
@@ -222,25 +200,3 @@ def _gathered(
     aggregation = task.window_aggregation if task is not None else "mean"
     _, keys, logits, windows = by_document(torch.cat(docs).cpu(), keys, logits, aggregation)
     return keys, logits, windows
-
-
-def autocasts(model) -> bool:
-    """Whether Accelerate runs the (unwrapped) model's forward under autocast (`--mixed_precision` bf16 or
-    fp16): then evaluations during training round where the exported weights do not."""
-    return "forward" in model.__dict__ and getattr(model, "_original_forward", None) is not None
-
-
-@contextlib.contextmanager
-def without_autocast(model):
-    """The model's (unwrapped) forward without Accelerate's autocast (`--mixed_precision bf16` over fp32
-    weights): what the exported model computes, in its weights' dtype, for predictions that must be its
-    own (`pipeline` answers as predictions.jsonl; a generated token rounded otherwise would change every
-    token after it)."""
-    if not autocasts(model):
-        yield
-        return
-    wrapped, model.forward = model.forward, model._original_forward
-    try:
-        yield
-    finally:
-        model.forward = wrapped

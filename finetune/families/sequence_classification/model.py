@@ -1,5 +1,6 @@
-"""The model of a run: loaded, fitted to its tokenizer, with this machine's speed paths and the
-memory and LoRA settings."""
+"""Sequence classification's model: loaded with its head, fitted to its tokenizer, with this machine's
+speed paths (classification's kernels: packed dropout, padding-free, varlen) and the memory and LoRA
+settings."""
 
 from __future__ import annotations
 
@@ -68,22 +69,3 @@ def backbone_summary(model, tokenizer_changes: list[str]) -> dict:
         "dtype": str(model.dtype).removeprefix("torch."),
         "tokenizer_changes": tokenizer_changes,
     }
-
-
-def plain_speed(args: TrainConfig, model, accelerator) -> dict:
-    """The speed choices of a family that takes none of classification's kernels (causal LMs, taggers):
-    torch's dropout, padded batches, --pad_to_multiple_of and --keep_freed_memory as resolved for this
-    device (glibc's setting applied here), for `Resolved`."""
-    device_type = accelerator.device.type
-    speed = {
-        "attn_implementation": model.config._attn_implementation,
-        "dropout_kernel": "torch",
-        "padding_free": "false",
-        "pad_to_multiple_of": resolve_pad_to_multiple_of(args.pad_to_multiple_of, device_type == "cuda"),
-        "keep_freed_memory": resolve_keep_freed_memory(
-            args.keep_freed_memory, device_type, accelerator.mixed_precision
-        ),
-    }
-    if speed["keep_freed_memory"] == "true":
-        keep_freed_memory()
-    return speed
