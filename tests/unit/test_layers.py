@@ -1,14 +1,22 @@
 """The seam between the shared layers and the task families (#61), read from the package's source: the
-shared layers name no family and none of a family's concepts, and no import points up the layers or
-makes a circle. Nothing runs: a rule broken in a file fails here naming the file and line."""
+shared layers name no family and none of a family's concepts, no import points up the layers or makes
+a circle, and every family has every hook run.py calls. A rule broken in a file fails here naming the
+file and line."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 import re
+import typing
 from pathlib import Path
 
+import pytest
+
 import finetune
+from finetune.config.data_args import TaskType
+from finetune.families import family_for
+from finetune.families.family import TaskFamily
 
 PACKAGE = Path(finetune.__file__).parent
 
@@ -199,3 +207,24 @@ def test_no_module_level_import_makes_a_circle():
     circles = _circles(graph)
     assert not circles, f"modules that import each other at module level: {circles}"
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("task_type", typing.get_args(TaskType))
+def test_every_family_has_every_hook_of_the_seam(task_type):
+    """run.py calls each hook of `TaskFamily` on whatever family --task_type names: a family missing one
+    (or taking other parameters) would fail only when a run of it reaches that call."""
+    family = family_for(task_type)
+    assert family.name == task_type
+    hooks = {
+        name: member
+        for name, member in vars(TaskFamily).items()
+        if callable(member) and not name.startswith("_")
+    }
+    assert {"finish", "record_extras", "fit_batch_size", "step_graphs", "subject", "card_parts"} <= set(hooks)
+    for name, hook in hooks.items():
+        own = getattr(type(family), name, None)
+        assert callable(own), f"{type(family).__name__} has no {name}"
+        wanted = list(inspect.signature(hook).parameters)
+        assert list(inspect.signature(own).parameters) == wanted, f"{type(family).__name__}.{name}"
+    for attribute in typing.get_type_hints(TaskFamily):
+        assert hasattr(family, attribute), f"{type(family).__name__} has no {attribute}"
