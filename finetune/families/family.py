@@ -1,9 +1,11 @@
 """The seam between the one training loop and what it learns: a task family.
 
 A family owns reading and checking its rows, the model's Auto class and head, encoding and collating,
-the micro-batch's summed loss and its unit count, evaluation, predictions and what the export says.
-The loop, checkpoints, the step plan, signals, identity, seeds, sweeps and Slurm never ask which family
-runs: they see `forward_backward`'s (summed loss, units, rows) and `evaluator`'s metrics.
+the micro-batch's summed loss and its unit count, evaluation, predictions, what it does to the model
+before the export (`finish`) and what the export says. The loop, checkpoints, the step plan, signals,
+identity, seeds, sweeps and Slurm never ask which family runs: they see `forward_backward`'s (summed
+loss, units, rows) and `evaluator`'s metrics; run.py calls every hook below on whichever family runs,
+and the shared layers name none (tests/unit/test_layers.py).
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ class TaskFamily(Protocol):
 
 def metric_choice(config, splits: dict, measured: list[str], default: str) -> dict:
     """--metric_for_best_model (`default` when unset) and --greater_is_better, checked against what
-    evaluation `measured`, for the families without classification's own rule (config/resolved.py)."""
+    evaluation `measured`, for the families without classification's own rule (its `choose_metric`)."""
     if config.evaluates_training and "validation" not in splits:
         raise ConfigError(
             f"--eval_strategy {config.eval_strategy} evaluates on validation rows and this run has none; "
