@@ -30,11 +30,11 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 sys.path.insert(0, ".")
 from finetune.data.batching import LengthGroupedSampler, PadCollator, VarlenCollator  # noqa: E402
 from finetune.data.tasks import GLUE_TASKS  # noqa: E402
+from finetune.families.sequence_classification.evaluation import loss_sum  # noqa: E402
+from finetune.families.sequence_classification.graphed_step import graph_inputs, graphed_steps  # noqa: E402
 from finetune.model.flops import non_embedding_parameters  # noqa: E402
 from finetune.model.optimizer import build_optimizer  # noqa: E402
 from finetune.speed.attention import use_sync_free_masks, use_varlen_attention  # noqa: E402
-from finetune.speed.cuda_graphs import GraphedSteps  # noqa: E402
-from finetune.training.evaluation import loss_sum  # noqa: E402
 
 # name: (batch, pad_to_multiple_of, varlen, torch.compile mode, "graphs" (the toolkit's --cuda_graphs) or
 # None); most telling first.
@@ -171,7 +171,8 @@ def measure(model_dir, tokenizer, features, device, batch_size, multiple, varlen
     if mode == "graphs":  # as the toolkit runs it: Accelerate's bf16 autocast around forward
         model.forward = torch.autocast(device.type, dtype=torch.bfloat16)(model.forward)
         accelerator = SimpleNamespace(backward=lambda loss: loss.backward(), is_main_process=True)
-        graphs = GraphedSteps(accelerator, model, task, batch_size, strict=True)
+        graphed = SimpleNamespace(cuda_graphs="true", per_device_train_batch_size=batch_size)
+        graphs = graphed_steps(graphed, graphed, accelerator, model, task)  # strict: "true" as asked
     order = list(LengthGroupedSampler([len(f["input_ids"]) for f in features], batch_size, seed=0))
     groups = [order[s : s + batch_size] for s in range(0, len(order) - batch_size + 1, batch_size)]
     batches = [collate([features[i] for i in group]) for group in groups]
@@ -186,7 +187,7 @@ def measure(model_dir, tokenizer, features, device, batch_size, multiple, varlen
         batch = dict(batch)
         labels = batch.pop("labels")
         if graphs is not None:
-            graphs.forward_backward(batch, labels, None)
+            graphs.forward_backward(graph_inputs(batch, labels, None))
         else:
             (compiled(batch, labels) / labels.shape[0]).backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -48,7 +48,8 @@ def score_document(
     logits = torch.cat(logits)
     docs = torch.zeros(len(logits), dtype=torch.long)
     _, _, document, windows = by_document(docs, docs, logits, aggregation)
-    from finetune.training.evaluation import prediction_lines  # torch-heavy metrics: on use only
+    # torch-heavy metrics: on use only
+    from finetune.families.sequence_classification.evaluation import prediction_lines
 
     line = prediction_lines(document, _task(model.config, recorded))[0]
     line.pop("row")

@@ -31,7 +31,7 @@ from finetune.model.lora import describe_parameters, parameter_counts
 from finetune.model.optimizer import build_optimizer
 from finetune.model.options import loading_options
 from finetune.model.quantization import describe_quantization, quantization_options
-from finetune.output.card import changed_flags, weights_by_label
+from finetune.output.card import changed_flags
 from finetune.output.export import export_model
 from finetune.output.lock import holds_lock, release_lock, take_lock
 from finetune.output.prerun import (
@@ -53,11 +53,9 @@ from finetune.output.tracking import (
 )
 from finetune.output.writing import writing
 from finetune.speed.compile import compile_cache_line, compile_counts
-from finetune.speed.cuda_graphs import GraphedSteps, cuda_graphs_for
+from finetune.speed.cuda_graphs import cuda_graphs_for
 from finetune.speed.hardware import bf16_is_fast
-from finetune.speed.memory import fit_batch_size
 from finetune.training.best import as_exported, evaluate_as_exported, training_outcome, use_best_model
-from finetune.training.calibrate import calibrate_model
 from finetune.training.checkpoint import TrainState, load_checkpoint, resolve_resume
 from finetune.training.loop import Run, train
 from finetune.training.meter import model_flops_utilization
@@ -116,12 +114,12 @@ def predict_with_finished(args: TrainConfig, finished: dict, build=None) -> dict
         load_in_8bit=False,
         bnb_4bit_quant_type="nf4",
         use_bnb_nested_quant=False,
-        calibrate="none",  # and its head is calibrated already
         early_stopping_patience=None,
         validation_split_percentage=None,  # no training rows to carve from
         report_to="none",
         save_plots=False,  # its charts are not kept
         push_to_hub=False,
+        **family_for(args.task_type).done_in_export,  # what the family's finish did to the model
     )
     late = None
     try:
@@ -185,7 +183,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     batch = {k: getattr(args, k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps")}
     batch_notice = None
     if args.auto_find_batch_size and args.do_train:  # collective; sets the batch before the loaders
-        batch, batch_notice = fit_batch_size(args, model, tokenized["train"], tokenizer, accelerator)
+        batch, batch_notice = family.fit_batch_size(args, model, tokenized["train"], tokenizer, accelerator)
     eval_batch = eval_batch_size(args, accelerator.device.type)
     train_rows = len(tokenized["train"]) if args.do_train else 0  # no training: a plan of zero updates
     plan = plan_steps(
@@ -233,7 +231,7 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         **describe_runtime(accelerator),
         "plan": vars(plan),
         "backbone": backbone,
-        "class_weights_by_label": weights_by_label(task),
+        **family.record_extras(task),  # the family's own keys
         "args": to_dict(args),
         "resolved": to_dict(resolved),
         "identity": identity,
@@ -272,16 +270,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
         started_s=started_s,
         flops_per_token=counted(accelerator.unwrap_model(model), config.use_peft),
         given_flags=changed_flags(args),
-        graphs=graphed_steps(args, config, accelerator, model, task),
+        graphs=family.step_graphs(args, config, accelerator, model, task),  # --cuda_graphs, or None
     )
-
-
-def graphed_steps(args: TrainConfig, config: TrainConfig, accelerator, model, task) -> GraphedSteps | None:
-    """--cuda_graphs: the training micro-batches as CUDA graphs (None: eager); strict when asked for."""
-    if config.cuda_graphs != "true":
-        return None
-    strict = args.cuda_graphs == "true"
-    return GraphedSteps(accelerator, model, task, config.per_device_train_batch_size, strict)
 
 
 def execute(run: Run) -> dict:
@@ -308,10 +298,8 @@ def execute(run: Run) -> dict:
         if stop.received:  # after training's last check: stopped before the export, its checkpoint kept
             raise Stopped(stop.received)
         exported = use_best_model(run)  # collective: the evaluation of the model exported below
-        calibration = {}
-        if config.calibrate != "none":  # collective; its eval_* keys are the calibrated export's
-            calibration = calibrate_model(run)
-        else:  # collective: as the export computes (no autocast), when training's evaluations differ
+        finished = run.family.finish(run)  # collective; its eval_* keys are the finished export's
+        if not finished:  # collective: as the export computes (no autocast), where evaluations differ
             exported = as_exported(run, exported)
         export_model(accelerator, run.model, run.tokenizer, config.output_dir, config.gguf_file)
         if config.torch_compile and accelerator.is_main_process:
@@ -333,8 +321,8 @@ def execute(run: Run) -> dict:
             "best_metric": state.best_metric,
             "best_step": state.best_step,
             **training_outcome(run, exported),
-            # Last: its eval_* keys, the calibrated (exported) model's, replace the training evaluation's.
-            **calibration,
+            # Last: the family's finish: its eval_* keys, the exported model's, replace training's.
+            **finished,
         }
     elif run.eval_loaders:
         results = evaluate_as_exported(run, run.eval_loaders)  # collective: the given model's own figures

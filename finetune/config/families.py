@@ -68,6 +68,11 @@ OWNERS: dict[str, Owned] = {
 }  # fmt: skip
 
 
+def reads(config, flag: str) -> bool:
+    """Whether `config`'s --task_type reads `flag` (every family reads a flag not in `OWNERS`)."""
+    return flag not in OWNERS or config.task_type in OWNERS[flag].families
+
+
 def refuse_other_families_flags(config, defaults: dict) -> None:
     """Each flag of `OWNERS` that `config` sets for a --task_type that does not read it, refused naming
     both (`defaults`: each flag's default, as the dataclass declares it)."""

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from finetune.config.train_config import TrainConfig, greater_is_better_default
-from finetune.data.tasks import Task, eval_key
-from finetune.errors import ConfigError
+from finetune.config.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -57,19 +55,3 @@ def eval_batch_size(config: TrainConfig, device_type: str) -> int:
         return config.per_device_eval_batch_size
     pairs = EVAL_BATCH_AT_128.get(device_type, EVAL_BATCH_AT_128["cpu"])
     return max(8, pairs * 128 // max(config.max_length, 128))
-
-
-def choose_metric(config: TrainConfig, task: Task, splits: dict) -> dict:
-    """--metric_for_best_model (default: the task's first metric) and --greater_is_better, checked
-    against what this run's evaluation produces; before the model loads."""
-    splits_measured = [s for s in task.validation_splits if s in splits]
-    metrics = (*task.metrics, *task.per_class_metrics, *task.calibration_metrics, "loss")
-    measured = [eval_key(s, m) for s in splits_measured for m in metrics]
-    measured += ["eval_loss"] if "eval_loss" not in measured else []  # over every split's rows
-    metric = config.metric_for_best_model or (measured[0] if measured else None)
-    greater_is_better = config.greater_is_better
-    if greater_is_better is None and metric:
-        greater_is_better = greater_is_better_default(metric)
-    if config.evaluates_training and metric not in measured:
-        raise ConfigError(f"--metric_for_best_model {metric}: this run measures {', '.join(measured)}")
-    return {"metric_for_best_model": metric, "greater_is_better": greater_is_better}

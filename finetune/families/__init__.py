@@ -18,6 +18,6 @@ def family_for(task_type: str):
         from finetune.families.dpo.family import DPO
 
         return DPO()
-    from finetune.families.classification import SequenceClassification
+    from finetune.families.sequence_classification.family import SequenceClassification
 
     return SequenceClassification()

@@ -1,13 +1,16 @@
 """The seam between the one training loop and what it learns: a task family.
 
 A family owns reading and checking its rows, the model's Auto class and head, encoding and collating,
-the micro-batch's summed loss and its unit count, evaluation, predictions and what the export says.
-The loop, checkpoints, the step plan, signals, identity, seeds, sweeps and Slurm never ask which family
-runs: they see `forward_backward`'s `MicroBatch` and `evaluator`'s metrics.
+the micro-batch's summed loss and its unit count, evaluation, predictions, what it does to the model
+before the export (`finish`) and what the export says. The loop, checkpoints, the step plan, signals,
+identity, seeds, sweeps and Slurm never ask which family runs: they see `forward_backward`'s
+`MicroBatch` and `evaluator`'s metrics; run.py calls every hook below on whichever family runs, and the
+shared layers name none (tests/unit/test_layers.py).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -48,6 +51,9 @@ class TaskFamily(Protocol):
     """What transformers' `pipeline` loads the exported model as (and the card's pipeline_tag)."""
     captures_cuda_graphs: bool
     """Whether --cuda_graphs can capture its micro-batches (auto resolves to false where not)."""
+    done_in_export: dict
+    """Flags whose work the exported model carries (`finish`'s), as a run that only predicts with that
+    model sets them so it is not done twice (run.py predict_with_finished)."""
 
     def load(self, config) -> tuple[object, dict]:
         """The task (what the run learns, its metrics and splits) and its raw splits."""
@@ -83,8 +89,29 @@ class TaskFamily(Protocol):
     def predict(self, accelerator, model, loader, task, num_rows: int) -> list[dict]:
         """Collective: predictions.jsonl's lines, in input order, made without autocast (as the export)."""
 
-    def card_parts(self, config, task):
-        """The model card's pipeline, description and use (`output.card.CardParts`; None: a classifier's)."""
+    def card_parts(self, config, task, results: dict):
+        """The model card's pipeline, description, use and the family's own lines and sections
+        (`output.card.CardParts`), for the run's `results`."""
+
+    def subject(self, config) -> str:
+        """What the run learns, in a few words: the title of a --seeds study's card."""
+
+    def record_extras(self, task) -> dict:
+        """train_config.json's keys of this family beside the backbone (a classifier's class weights)."""
+
+    def fit_batch_size(self, config, model, train, tokenizer, accelerator) -> tuple[dict, str]:
+        """Collective: --auto_find_batch_size's batch and accumulation for `Resolved`, and the line that
+        says so (speed/memory.py); only the families config/families.py lets the flag through are asked."""
+
+    def step_graphs(self, args, config, accelerator, model, task):
+        """--cuda_graphs (config's, resolved; args' as given): the training micro-batches' replayer that
+        `forward_backward` takes as `graphs` (`speed.cuda_graphs.GraphedSteps`), or None: eager."""
+
+    def finish(self, run) -> dict:
+        """Collective: after training and the best model's evaluation, before the export: what the
+        family does to the model it exports (classification's --calibrate), as results.json's keys. Its
+        eval_* keys replace training's; {}: the export is evaluated as it computes (training/best.py
+        as_exported)."""
 
 
 OPTIONAL = {
@@ -100,7 +127,7 @@ OPTIONAL = {
 
 def metric_choice(config, splits: dict, measured: list[str], default: str) -> dict:
     """--metric_for_best_model (`default` when unset) and --greater_is_better, checked against what
-    evaluation `measured`, for the families without classification's own rule (config/resolved.py)."""
+    evaluation `measured`, for the families without classification's own rule (its `choose_metric`)."""
     if config.evaluates_training and "validation" not in splits:
         raise ConfigError(
             f"--eval_strategy {config.eval_strategy} evaluates on validation rows and this run has none; "
@@ -117,3 +144,23 @@ def metric_choice(config, splits: dict, measured: list[str], default: str) -> di
         "metric_for_best_model": metric,
         "greater_is_better": greater_is_better_default(metric) if greater is None else greater,
     }
+
+
+@functools.cache  # never evicted: a CUDA graph reads the tensor's memory without holding it
+def class_weights_tensor(weights: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """--class_weights on the device, copied once per process, not per step: a copy from host memory
+    waits for the device, and cannot be captured in a CUDA graph (--cuda_graphs)."""
+    return torch.tensor(weights, dtype=torch.float32, device=device)
+
+
+def weights_by_label(task) -> dict[str, float] | None:
+    """--class_weights as the run applied them: each weight beside its label (the task line's order)."""
+    if not task.class_weights:
+        return None
+    return {name: round(weight, 6) for name, weight in zip(task.label_names, task.class_weights, strict=True)}
+
+
+def class_weights_line(task) -> tuple[str, ...]:
+    """The model card's line of --class_weights, each beside its label (none without them)."""
+    weights = weights_by_label(task)
+    return (f"- class weights: {weights}",) if weights else ()

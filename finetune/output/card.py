@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 
 from finetune.config.train_config import TrainConfig, as_flag_value, default_of
-from finetune.data.tasks import PER_CLASS, Task, eval_key
-from finetune.metrics.calibration import temperature_bound
+from finetune.data.tasks import eval_key
 from finetune.output.plots import CONFUSION_FILE, CURVES_FILE, _confusion
 
 
@@ -50,17 +49,10 @@ def changed_flags(config: TrainConfig) -> dict:
     }
 
 
-def weights_by_label(task: Task) -> dict[str, float] | None:
-    """--class_weights as the run applied them: each weight beside its label (the task line's order)."""
-    if not getattr(task, "class_weights", None):  # none, or a family without classes
-        return None
-    return {name: round(weight, 6) for name, weight in zip(task.label_names, task.class_weights, strict=True)}
-
-
 @dataclasses.dataclass(frozen=True)
 class CardParts:
-    """What a task family's card says in place of a classifier's: its pipeline, what the model does,
-    and how to use it."""
+    """What a task family's card says of its own: its pipeline, what the model does, how to use it, and
+    the family's lines and sections."""
 
     pipeline_tag: str
     tag: str
@@ -69,6 +61,13 @@ class CardParts:
     """After "fine-tuned on": what the model learnt."""
     use: tuple[str, ...]
     """The Python lines of the card's Use section."""
+    exported: tuple[str, ...] = ()
+    """Training's lines after the exported model's step: what the family's `finish` did to it."""
+    training: tuple[str, ...] | None = None
+    """Training's lines after the base weights: the family's (its label weights, how long texts were
+    read). None: texts truncated to --max_length."""
+    sections: tuple[str, ...] = ()
+    """The card's last sections (per-class scores, a confusion matrix)."""
 
 
 def is_model_card(path: Path) -> bool:
@@ -80,17 +79,16 @@ def is_model_card(path: Path) -> bool:
 def write_model_card(
     path: Path,
     config: TrainConfig,
-    task: Task,
+    task,
     results: dict,
     data_rows: dict,
     machine: str,
     wall_s: float,
     given_flags: dict,
-    parts: CardParts | None = None,
+    parts: CardParts,
 ) -> None:
     """A Hugging Face model card (README.md): base model, data, flags, results, hardware, time.
-    `parts`: another task family's pipeline, description and use (default: a classifier's)."""
-    parts = parts or _classifier_parts(config, task)
+    `parts`: the task family's pipeline, description, use and lines of its own (its `card_parts`)."""
     base, base_repo = base_model_name(config.model_name_or_path, config.gguf_file)
     metadata = ["library_name: transformers", f"pipeline_tag: {parts.pipeline_tag}"]
     if base_repo:
@@ -132,14 +130,13 @@ def write_model_card(
         *([f"- as read: {'; '.join(results['task'].splitlines())}"] if results.get("task") else []),
         f"- steps: {results.get('global_step')} optimizer steps, {results.get('epoch')} epochs"
         + (" (stopped early)" if results.get("stopped_early") else ""),
-        *_exported_model_line(config, results),
+        *_exported_model_line(config, results, parts.exported),
         *(
             [f"- base weights: trained in {results['base_quantization']}"]
             if results.get("base_quantization")
             else []
         ),
-        *([f"- class weights: {weights_by_label(task)}"] if weights_by_label(task) else []),
-        _long_documents_line(config),
+        *(parts.training if parts.training is not None else [_truncated_line(config)]),
         f"- hardware: {machine}, mixed precision {results.get('mixed_precision')}",
         f"- time: {results.get('train_runtime_s', 0):.1f} s training over the whole run "
         f"({results.get('train_samples_per_second', 0):.1f} samples/s); this process ran {wall_s:.1f} s",
@@ -158,7 +155,7 @@ def write_model_card(
         "",
         f"![loss, learning rate and evaluation metrics]({CURVES_FILE})",
         "",
-        *(_per_class_section(task, results) if isinstance(task, Task) else _confusion_section(results)),
+        *parts.sections,
     ]
     if not config.save_plots:  # no chart was drawn: no link to one
         lines = [line for line in lines if not line.startswith("![")]
@@ -181,64 +178,14 @@ def base_model_name(model_name_or_path: str, gguf_file: str | None = None) -> tu
     return shown + (f", GGUF file `{gguf_file}`," if gguf_file else ""), repo
 
 
-def _classifier_parts(config: TrainConfig, task: Task) -> CardParts:
-    labels = "regression (one score)" if task.is_regression else ", ".join(task.label_names)
-    labels += " (multi-label: any number per text, independent sigmoids)" if task.multi_label else ""
-    use = (
-        "from transformers import pipeline",
-        "",
-        f'classify = pipeline("text-classification", model="{config.hub_model_id or config.output_dir}"'
-        + (", top_k=None)  # every label's sigmoid score" if task.multi_label else ")"),
-    )
-    return CardParts(
-        pipeline_tag="text-classification",
-        tag=task.name if task.name == "custom" else "glue-" + task.name,
-        trained_on=f"**{task.name}** ({' + '.join(task.text_columns)} → {labels})",
-        use=use,
-    )
-
-
 def _held_out(config: TrainConfig) -> str | None:
     if not config.carves_validation:
         return None
     return f"{config.validation_split_percentage}% of {config.train_file} (seed {config.seed}, stratified)"
 
 
-def _per_class_section(task: Task, results: dict) -> list[str]:
-    """Markdown: per-class precision, recall, F1 and support, and the confusion matrix."""
-    found = _confusion(results)
-    if found is None or not task.per_class_metrics:
-        return []
-    key, confusion = found
-    prefix = key.removesuffix("confusion_matrix")  # eval_ (or eval_<split>_)
-    names = confusion["labels"]
-
-    def row(name: str, values) -> str:
-        return f"| {name} | " + " | ".join(values) + " |"
-
-    return [
-        "## Per class",
-        "",
-        "| label | precision | recall | F1 | support |",
-        "| --- | --- | --- | --- | --- |",
-        *(
-            row(name, (f"{results.get(f'{prefix}{kind}_{name}', 0):.4g}" for kind in PER_CLASS))
-            for name in names
-        ),
-        "",
-        f"Confusion matrix (`{key}`; rows: true label, columns: predicted):",
-        "",
-        "| true \\ predicted | " + " | ".join(names) + " |",
-        "| --- |" + " --- |" * len(names),
-        *(row(name, map(str, counts)) for name, counts in zip(names, confusion["matrix"], strict=True)),
-        "",
-        f"![confusion matrix]({CONFUSION_FILE})",
-        "",
-    ]
-
-
-def _confusion_section(results: dict) -> list[str]:
-    """Another family's confusion matrix (token classification's, over words), when evaluation made one."""
+def confusion_section(results: dict) -> list[str]:
+    """The evaluation's confusion matrix (token classification's, over words), when it made one."""
     found = _confusion(results)
     if found is None:
         return []
@@ -259,31 +206,12 @@ def _confusion_section(results: dict) -> list[str]:
     ]
 
 
-def _long_documents_line(config: TrainConfig) -> str:
-    """How texts longer than --max_length were read (the model scores one window of them)."""
-    if config.task_type == "token_classification":
-        from finetune.families.token_classification.encoding import stride_of
-
-        return (
-            f"- long sentences: windows over words of up to {config.max_length} tokens overlapping by "
-            f"{stride_of(config)} words, each word tagged in the window where it has the most context (a "
-            "`pipeline` reads one window: pass it `stride` for longer texts)"
-        )
-    if config.window_stride is None:
-        return f"- long documents: truncated to --max_length {config.max_length} tokens"
-    weighs = {"document": "1 / its document's windows", "window": "1, so a document by its windows"}
-    return (
-        f"- long documents: sliding windows of {config.max_length} tokens overlapping by "
-        f"{config.window_stride} (each window one training example with its document's label, weighing "
-        f"{weighs[config.window_loss_weighting]} in the loss: --window_loss_weighting "
-        f"{config.window_loss_weighting}); a document's score: the "
-        f"{config.window_aggregation} of its windows' logits (`finetune.long_documents.score_document`; "
-        "a `pipeline` scores one window)"
-    )
+def _truncated_line(config: TrainConfig) -> str:
+    return f"- long documents: truncated to --max_length {config.max_length} tokens"
 
 
-def _exported_model_line(config: TrainConfig, results: dict) -> list[str]:
-    """Which step the model in this folder is from, and why."""
+def _exported_model_line(config: TrainConfig, results: dict, family_lines: tuple[str, ...]) -> list[str]:
+    """Which step the model in this folder is from, and why; then the family's `family_lines`."""
     step = results.get("exported_model_step")
     if step is None:
         return []
@@ -292,33 +220,4 @@ def _exported_model_line(config: TrainConfig, results: dict) -> list[str]:
         if config.load_best_model_at_end and step == results.get("best_step")
         else "the last step"
     )
-    line = [f"- this model: the weights of step {step}, {why}"]
-    temperature = results.get("calibration_temperature")
-    if temperature is not None:  # --calibrate temperature
-        line.append(
-            f"- calibrated: its classification layer divides the logits by the temperature T = "
-            f"{temperature:.4f}, fit on the validation rows (least NLL); predictions are unchanged"
-        )
-        line += _calibration_figures(results)
-    return line
-
-
-def _calibration_figures(results: dict) -> list[str]:
-    """ECE of the fit split before T, in-sample after it (the exported model on the rows T was fit on:
-    results.json's headline), and held out; a T at its search limit said plainly."""
-    split = results["calibration_fit_split"]
-    ece = eval_key(split, "ece")
-    held_out = results.get(eval_key(split, "ece_after_calibration_held_out"))
-    figures = (
-        f"- ECE on {split}: {results[f'{ece}_before_calibration']:.4f} before, {results[ece]:.4f} after "
-        f"(`{ece}`, in-sample: the rows T was fit on)"
-    )
-    if held_out is not None:
-        figures += f", {held_out:.4f} held out (2-fold cross-fitting: each half scored with the other's T)"
-    if not results.get("calibration_temperature_at_bound"):
-        return [figures]
-    if temperature_bound(results["calibration_temperature"]) == "upper":
-        why = "the logits carry no confidence signal (a near-chance model): every probability is near uniform"
-    else:
-        why = "nearly every validation prediction is right, with small margins"
-    return [figures, f"- T is the limit of its search range, not an estimate: {why}"]
+    return [f"- this model: the weights of step {step}, {why}", *family_lines]

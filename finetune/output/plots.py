@@ -1,5 +1,5 @@
-"""The plots a run leaves: training curves, the confusion matrix of custom single-label tasks, and the
-reliability diagram of --calibrate."""
+"""The plots a run leaves: training curves and the confusion matrix (a family's plots of its own draw
+with `_pyplot`)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ CONFUSION_FILE = "confusion_matrix.png"
 
 
 RELIABILITY_FILE = "reliability_diagram.png"
+"""Sequence classification's (families/sequence_classification/plots.py), named here with the other
+files a run leaves, which a rerun over the folder removes (output/prerun.py)."""
 
 
 def _confusion(results: dict) -> tuple[str, dict] | None:
-    """The first evaluation split's confusion matrix in results (custom single-label tasks)."""
+    """The first evaluation split's confusion matrix in results (where evaluation made one)."""
     key = next((k for k in results if k.endswith("confusion_matrix")), None)
     return None if key is None else (key, results[key])
 
@@ -93,29 +95,6 @@ def plot_training_curves(metrics_jsonl: Path, png: Path, metric_keys: list[str])
     # than a third of the plot's time, paid by every run.
     figure.subplots_adjust(left=0.065, right=0.985, bottom=0.13, top=0.9, wspace=0.3)
     figure.savefig(png, dpi=100)  # no bbox_inches: the PNG is exactly CURVES_SIZE_PX
-    plt.close(figure)
-
-
-def plot_reliability_diagram(
-    curves: dict[str, dict], title: str, png, confidence: str = "max softmax probability"
-) -> None:
-    """Accuracy against mean confidence per confidence bin, one line per entry of `curves` (name: the
-    `finetune.metrics.calibration.reliability_bins` of it; empty bins left out), with the diagonal a
-    calibrated model follows and each bin's share of the rows. `confidence`: what it is, on the x axis."""
-    plt = _pyplot()
-    figure, (axis, rows_axis) = plt.subplots(1, 2, figsize=(10, 4.5), dpi=100)
-    axis.plot([0, 1], [0, 1], color="gray", linestyle="--", label="calibrated")
-    for name, bins in curves.items():
-        filled = bins["rows"] > 0
-        axis.plot(bins["confidence"][filled], bins["accuracy"][filled], marker="o", label=name)
-        share = bins["rows"][filled] / bins["rows"].sum()
-        rows_axis.plot(bins["confidence"][filled], share, marker="o", label=name)
-    axis.set(title=title, xlabel=f"confidence ({confidence})", ylabel="accuracy")
-    axis.set(xlim=(0, 1), ylim=(0, 1))
-    axis.legend(fontsize="small")
-    rows_axis.set(title="rows per bin", xlabel="confidence", ylabel="share of rows", xlim=(0, 1))
-    figure.tight_layout()
-    figure.savefig(png, dpi=100)
     plt.close(figure)
 
 

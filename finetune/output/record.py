@@ -39,7 +39,7 @@ def write_run_record(run, results: dict, predictions: list | None) -> None:
             card_written = True
             with writing("the model card (README.md)", output_dir):
                 machine = hardware(accelerator)
-                parts = run.family.card_parts(config, task)  # None: a classifier's
+                parts = run.family.card_parts(config, task, results)
                 write_model_card(
                     card, config, task, results, run.rows, machine, wall_s, run.given_flags, parts
                 )

@@ -8,6 +8,7 @@ import warnings
 
 import torch
 
+from finetune.config.families import reads
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task, eval_key
 from finetune.speed.hardware import busy_cores_notice, cores_load, cpu_class
@@ -72,7 +73,7 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"dropout_kernel={config.dropout_kernel} padding_free={config.padding_free} "
         f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
         f"cuda_graphs={config.cuda_graphs} "
-        f"{f'chunked_loss={config.chunked_loss} ' if config.task_type == 'causal_lm' else ''}"
+        f"{f'chunked_loss={config.chunked_loss} ' if reads(config, 'chunked_loss') else ''}"
         f"pad_to_multiple_of={config.pad_to_multiple_of} "
         f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
         f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"
@@ -94,8 +95,8 @@ def _evaluation_line(job: str, config: TrainConfig, weights: str) -> str:
 
 
 def results_summary(results: dict, task: Task) -> str:
-    """The closing lines: the task's headline metrics (per class, confusion matrix and calibration's
-    before/after are in results.json), then which model was exported and how fast it trained."""
+    """The closing lines: the task's headline metrics (per class, the confusion matrix and the family's
+    other keys are in results.json), then which model was exported and how fast it trained."""
     splits = task.validation_splits
     keys = [*task.metric_keys(per_class=False), *(eval_key(s, "loss") for s in splits)]
     shown = [f"{k} {results[k]:.4f}" for k in dict.fromkeys(keys) if isinstance(results.get(k), float)]

@@ -26,13 +26,13 @@ state it drew from, so a run resumed from a checkpoint draws the same masks.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 from accelerate.utils import DistributedType, DynamoBackend
 
 from finetune.config.train_config import TrainConfig
 from finetune.errors import ConfigError, TrainingFailed
-from finetune.training.evaluation import class_weights_tensor, forward_backward
 
 MOST_GRAPHS = 32
 """Shapes captured at most; later new shapes run eagerly (bucketed batches meet a handful)."""
@@ -92,12 +92,15 @@ class NotCapturable(RuntimeError):
 
 
 class GraphedSteps:
-    """The training micro-batches of one run as CUDA graphs, one per shape (see the module's docstring)."""
+    """The training micro-batches of one run as CUDA graphs, one per shape (see the module's docstring):
+    any family's `step`, built by its `step_graphs`."""
 
-    def __init__(self, accelerator, model, task, batch_divisor: int, strict: bool):
-        self.accelerator, self.model, self.task = accelerator, model, task
-        self.batch_divisor = batch_divisor
-        """The loss is divided by the full micro-batch, as the eager step does."""
+    def __init__(self, accelerator, model, step: Callable[[dict], torch.Tensor], strict: bool):
+        self.accelerator, self.model = accelerator, model
+        self.step = step
+        """The family's micro-batch, run eagerly: its inputs (the model's, its targets) to its summed loss,
+        the gradients accumulated (the loss divided by the full micro-batch, as the eager step does).
+        What a graph captures; nothing in it may wait for the device (copy constants to it first)."""
         self.strict = strict
         """--cuda_graphs true: a shape that cannot be captured fails the run (auto: eager from then on)."""
         self.graphs: dict[tuple, tuple[dict, torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -108,9 +111,6 @@ class GraphedSteps:
         self.pool = torch.cuda.graph_pool_handle()
         self.stream = torch.cuda.Stream()
         self.eager_only = False
-        if task.class_weights is not None:  # now: in the warm-up, the copy would count as a wait
-            # The parameters' device (cuda:0), which the logits carry: Accelerate's is plain "cuda".
-            class_weights_tensor(task.class_weights, self.trainable[0].device)
 
     @property
     def zeroes_gradients(self) -> bool:
@@ -118,10 +118,9 @@ class GraphedSteps:
         fell back to eager steps, which the loop zeroes as it does without graphs."""
         return not self.eager_only
 
-    def forward_backward(self, batch: dict, labels: torch.Tensor, weight: torch.Tensor | None):
+    def forward_backward(self, inputs: dict):
         """The micro-batch's summed loss (valid until the next call), its gradients in the parameters'
-        `.grad` (this micro-batch's alone: no accumulation)."""
-        inputs = {**batch, "labels": labels} | ({} if weight is None else {"weight": weight})
+        `.grad` (this micro-batch's alone: no accumulation). `inputs`: `step`'s, tensors of fixed shapes."""
         if self.eager_only:
             return self._step(inputs, zero=False)
         if self.grads and self.grads[0] is not self.written[0].grad:
@@ -151,11 +150,7 @@ class GraphedSteps:
             torch._foreach_zero_(self.grads)
             for parameter in self.unwritten:  # nothing to capture: their gradients stay None
                 parameter.grad = None
-        batch = dict(inputs)
-        labels, weight = batch.pop("labels"), batch.pop("weight", None)
-        return forward_backward(
-            self.model, self.accelerator, self.task, batch, labels, weight, self.batch_divisor
-        ).detach()
+        return self.step(dict(inputs)).detach()
 
     def _capture(self, key: tuple, inputs: dict):
         """Warm up this shape eagerly on the capture stream (lazy initialisation must not happen inside a

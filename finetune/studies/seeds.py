@@ -20,6 +20,7 @@ from finetune.config.train_config import TrainConfig
 from finetune.distributed.accelerator import fresh_accelerate_state, leave_process_group
 from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError
+from finetune.families import family_for
 from finetune.metrics.ranges import metric_range
 from finetune.output.card import base_model_name
 from finetune.output.plots import plot_seed_curves
@@ -237,12 +238,9 @@ def summary_line(summary: dict) -> str:
 
 
 def study_subject(config: TrainConfig) -> str:
-    """What the seeds learnt, for the card's title: a classification task's name, or the family's
-    (--task_name is classification's alone), and the training data's file or dataset."""
-    family = {"token_classification": "tagging", "causal_lm": "causal LM", "dpo": "preference tuning"}.get(
-        config.task_type
-    )
-    what = family or ("classification" if config.task_name == "custom" else config.task_name)
+    """What the seeds learnt, for the card's title: the family's `subject` (a classification task's
+    name), and the training data's file or dataset."""
+    what = family_for(config.task_type).subject(config)
     data = config.train_file or config.dataset_name
     if data and Path(data).exists():
         data = Path(data).name  # not this disk's layout

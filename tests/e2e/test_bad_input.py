@@ -462,13 +462,13 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tiny_model_dir, nli_files, 
 def test_ctrl_c_while_reading_the_data_is_one_line(
     tiny_model_dir, nli_files, finished, tmp_path, capsys, monkeypatch
 ):
-    import finetune.families.classification
+    import finetune.families.sequence_classification.family
 
     def interrupted(config):
         os.kill(os.getpid(), signal.SIGINT)  # Python's own handler: KeyboardInterrupt, here
         raise AssertionError("not interrupted")
 
-    monkeypatch.setattr(finetune.families.classification, "load_splits", interrupted)
+    monkeypatch.setattr(finetune.families.sequence_classification.family, "load_splits", interrupted)
     out = tmp_path / "out"
     last = fails_cleanly(tiny_args(tiny_model_dir, nli_files, out), finished, "", capsys, exit_code=130)
     assert last == (

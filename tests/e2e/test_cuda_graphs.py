@@ -10,12 +10,12 @@ import contextlib
 import pytest
 import torch
 
-import finetune.families.classification
+import finetune.families.sequence_classification.family
 import finetune.run
 import finetune.speed.cuda_graphs as cuda_graphs
 from finetune.errors import TrainingFailed
 from finetune.mnli import cli, main
-from finetune.run import graphed_steps, setup
+from finetune.run import setup
 from tests.helpers import assert_same_weights, tiny_args, weights
 
 
@@ -149,7 +149,7 @@ def with_a_decayed_parameter(args, identity, name: str):
     run.model.register_parameter(name, parameter)
     decayed = next(group for group in run.optimizer.param_groups if group["weight_decay"] > 0)
     decayed["params"].append(parameter)
-    run.graphs = graphed_steps(args, run.config, run.accelerator, run.model, run.task)
+    run.graphs = run.family.step_graphs(args, run.config, run.accelerator, run.model, run.task)
     return run, parameter
 
 
@@ -213,7 +213,7 @@ def test_asking_for_graphs_without_cuda_is_one_line_before_the_model_loads(
     def no_model(*args, **kwargs):
         raise AssertionError("the model loaded before the refusal")
 
-    monkeypatch.setattr(finetune.families.classification, "build_model", no_model)
+    monkeypatch.setattr(finetune.families.sequence_classification.family, "build_model", no_model)
     assert cli(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--cuda_graphs", "true")) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == "error: --cuda_graphs true needs a CUDA device; drop it on this machine"

@@ -7,6 +7,7 @@ import torch
 from finetune.config.train_config import greater_is_better_default
 from finetune.data.tasks import custom_task
 from finetune.errors import ConfigError
+from finetune.families.sequence_classification.calibration import check_calibration, scale_head
 from finetune.metrics.calibration import (
     TEMPERATURE_RANGE,
     cross_fitted_logits,
@@ -15,7 +16,6 @@ from finetune.metrics.calibration import (
     single_label_calibration,
     temperature_bound,
 )
-from finetune.training.calibrate import check_calibration, scale_head
 
 
 def numpy_ece(confidence: np.ndarray, correct: np.ndarray, bins: int = 15) -> float:

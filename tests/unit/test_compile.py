@@ -10,10 +10,10 @@ from finetune.config.train_config import TrainConfig
 from finetune.data.batching import build_dataloaders
 from finetune.data.splits import load_splits
 from finetune.data.tokenization import tokenize_splits
+from finetune.families.sequence_classification.evaluation import loss_sum
 from finetune.model.loading import load_model_and_tokenizer
 from finetune.speed.attention import use_sync_free_masks, use_varlen_attention, varlen_position_offset
 from finetune.speed.compile import dynamo_plugin
-from finetune.training.evaluation import loss_sum
 from tests.helpers import reset_accelerate
 
 
@@ -126,7 +126,7 @@ def test_evaluation_runs_the_model_uncompiled(tiny_model_dir):
     CUDA graphs under reduce-overhead) and gives the model's own logits."""
     from transformers import AutoModelForSequenceClassification
 
-    from finetune.training.evaluation import _gathered_logits
+    from finetune.families.sequence_classification.evaluation import _gathered_logits
 
     model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir).eval()
     compiles = 0

@@ -9,8 +9,9 @@ import torch.distributed as dist
 
 from finetune.config.parser import parse_config
 from finetune.data.tasks import GLUE_TASKS
+from finetune.families.family import class_weights_tensor
+from finetune.families.sequence_classification.evaluation import loss_sum
 from finetune.speed.cuda_graphs import resolve_cuda_graphs
-from finetune.training.evaluation import class_weights_tensor, loss_sum
 from finetune.training.loop import whole_norm
 from tests.helpers import refused
 

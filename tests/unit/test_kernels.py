@@ -113,7 +113,7 @@ def test_lora_adapters_draw_their_dropout_packed_on_cpu(tiny_model_dir):
 
     from finetune.config.parser import parse_config
     from finetune.data.tasks import Task
-    from finetune.model.build import build_model
+    from finetune.families.sequence_classification.model import build_model
 
     args = parse_config(["--model_name_or_path", str(tiny_model_dir), "--train_file", "a.jsonl",
                          "--validation_file", "b.jsonl", "--use_peft", "--lora_dropout", "0.1"])  # fmt: skip

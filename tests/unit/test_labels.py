@@ -41,7 +41,7 @@ def test_label_order_decision():
 def test_balanced_class_weights_weight_the_training_loss(tiny_model_dir, tmp_path):
     from finetune.config.train_config import TrainConfig
     from finetune.data.splits import load_splits
-    from finetune.training.evaluation import loss_sum
+    from finetune.families.sequence_classification.evaluation import loss_sum
 
     rng = random.Random(1)
     train = tmp_path / "train.jsonl"
@@ -72,7 +72,7 @@ def test_label_smoothing_is_hf_trainers_and_single_label_only(tiny_model_dir, tm
 
     from finetune.config.train_config import TrainConfig
     from finetune.data.splits import load_splits
-    from finetune.training.evaluation import loss_sum
+    from finetune.families.sequence_classification.evaluation import loss_sum
 
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps(r) + "\n" for r in unbalanced_topics(random.Random(2), 50)))

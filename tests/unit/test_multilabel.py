@@ -56,7 +56,7 @@ def test_separated_labels_in_a_csv_make_the_task_multi_label(tmp_path):
 
 def test_multi_label_loss_is_bce_per_label():
     from finetune.data.tasks import custom_task
-    from finetune.training.evaluation import loss_sum
+    from finetune.families.sequence_classification.evaluation import loss_sum
 
     task = custom_task(("text",), ("a", "b", "c"), multi_label=True)
     logits, labels = torch.randn(4, 3), torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]]).float()

@@ -107,5 +107,6 @@ def test_the_cards_pipeline_groups_words_only_for_b_and_i_tags(scheme, aggregati
     config = TrainConfig(
         task_type="token_classification", output_dir="out", train_file="t.jsonl", eval_strategy="no"
     )
-    pipe = next(line for line in TokenClassification().card_parts(config, task).use if "pipeline(" in line)
+    use = TokenClassification().card_parts(config, task, {}).use
+    pipe = next(line for line in use if "pipeline(" in line)
     assert (aggregation in pipe) if aggregation else ("aggregation_strategy" not in pipe), pipe

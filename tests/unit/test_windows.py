@@ -139,7 +139,7 @@ def test_document_weighting_weighs_each_window_by_one_over_its_windows(tokenizer
     from finetune.data.batching import PadCollator
     from finetune.data.tasks import custom_task
     from finetune.data.tokenization import tokenize_splits
-    from finetune.training.evaluation import loss_sum
+    from finetune.families.sequence_classification.evaluation import loss_sum
 
     task = custom_task(("text",), ("a", "b", "c"))
     rows = Dataset.from_dict({"text": [TEXT, "short", TEXT[:40], "x y"], "label": [0, 2, 1, 1]})

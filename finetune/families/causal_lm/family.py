@@ -64,6 +64,7 @@ class CausalLM:
     name = "causal_lm"
     pipeline_tag = "text-generation"
     captures_cuda_graphs = False
+    done_in_export = {}
 
     def __init__(self):
         self.packed = None
@@ -185,7 +186,7 @@ class CausalLM:
     def predict(self, accelerator, model, loader, task: LmTask, num_rows: int) -> list[dict]:
         return predict_completions(accelerator, model, loader)  # each of the num_rows once, checked
 
-    def card_parts(self, config, task: LmTask) -> CardParts:
+    def card_parts(self, config, task: LmTask, results: dict) -> CardParts:
         model = config.hub_model_id or config.output_dir
         pipe = f'pipeline("text-generation", model="{model}")'
         if task.format == "text":
@@ -205,6 +206,22 @@ class CausalLM:
             use = ("from transformers import pipeline", "", f"chat = {pipe}", *asked)
         trained_on = f"{FORMAT_WORDS[task.format]} (loss on {task.trained_on})"
         return CardParts(pipeline_tag=self.pipeline_tag, tag="causal-lm", trained_on=trained_on, use=use)
+
+    def subject(self, config) -> str:
+        return "causal LM"
+
+    def record_extras(self, task: LmTask) -> dict:
+        return {}
+
+    def fit_batch_size(self, config, model, train, tokenizer, accelerator) -> tuple[dict, str]:
+        raise NotImplementedError("--auto_find_batch_size is refused for causal LMs (config/families.py)")
+
+    def step_graphs(self, args, config, accelerator, model, task: LmTask) -> None:
+        """No CUDA graphs (`captures_cuda_graphs`)."""
+
+    def finish(self, run) -> dict:
+        """Nothing: the export is the trained model."""
+        return {}
 
 
 def _evaluate(

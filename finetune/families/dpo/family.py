@@ -33,6 +33,7 @@ class DPO:
     name = "dpo"
     pipeline_tag = "text-generation"
     captures_cuda_graphs = False
+    done_in_export = {}
 
     def __init__(self):
         self.lm = CausalLM()
@@ -236,7 +237,7 @@ class DPO:
     def predict(self, accelerator, model, loader, task, num_rows: int) -> list[dict]:
         raise AssertionError("refused in check: a dpo run does not predict")
 
-    def card_parts(self, config, task) -> CardParts:
+    def card_parts(self, config, task, results: dict) -> CardParts:
         model = config.hub_model_id or config.output_dir
         use = (
             "from transformers import pipeline",
@@ -249,4 +250,29 @@ class DPO:
             f"preference pairs ({config.loss_type} loss, beta {config.beta:g}, reference: "
             f"{self.reference.describe(config) if self.reference else 'none'})"
         )
-        return CardParts(pipeline_tag=self.pipeline_tag, tag="dpo", trained_on=trained_on, use=use)
+        accuracy = results.get("eval_rewards/accuracies")
+        exported = ()
+        if accuracy is not None:  # the exported policy's, against the run's reference
+            margin = results.get("eval_rewards/margins", float("nan"))
+            exported = (
+                f"- Reward accuracy on the validation pairs: {accuracy:.3f} (mean margin {margin:.3f})",
+            )
+        return CardParts(
+            pipeline_tag=self.pipeline_tag, tag="dpo", trained_on=trained_on, use=use, exported=exported
+        )
+
+    def subject(self, config) -> str:
+        return "preference tuning"
+
+    def record_extras(self, task) -> dict:
+        return {}
+
+    def fit_batch_size(self, config, model, train, tokenizer, accelerator) -> tuple[dict, str]:
+        raise NotImplementedError("--auto_find_batch_size is refused for dpo (config/families.py)")
+
+    def step_graphs(self, args, config, accelerator, model, task) -> None:
+        """No CUDA graphs (`captures_cuda_graphs`)."""
+
+    def finish(self, run) -> dict:
+        """Nothing: the export is the trained policy."""
+        return {}

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from finetune.data.batching import bucket
+from finetune.families.family import class_weights_tensor
 from finetune.families.token_classification.encoding import IGNORE
-from finetune.training.evaluation import class_weights_tensor
 
 POSITIONS = "target_positions"
 """The batch's key for the flat positions (in rows x tokens) of its labelled sub-tokens."""

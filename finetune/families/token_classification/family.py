@@ -10,9 +10,15 @@ from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokeni
 
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.errors import ConfigError
-from finetune.families.family import Evaluator, MicroBatch, metric_choice
+from finetune.families.family import (
+    Evaluator,
+    MicroBatch,
+    class_weights_line,
+    metric_choice,
+    weights_by_label,
+)
 from finetune.families.token_classification.batches import POSITIONS, TagCollator, token_loss
-from finetune.families.token_classification.encoding import encode_splits
+from finetune.families.token_classification.encoding import encode_splits, stride_of
 from finetune.families.token_classification.evaluation import evaluate_tags, predict_tags
 from finetune.families.token_classification.tags import SCHEME_WORDS
 from finetune.families.token_classification.task import TagTask, load_tag_splits, model_labels
@@ -23,7 +29,7 @@ from finetune.model.loading import _reset_head
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
 from finetune.model.quantization import keeping_head
-from finetune.output.card import CardParts
+from finetune.output.card import CardParts, confusion_section
 from finetune.speed.memory import enable_gradient_checkpointing
 
 ADD_PREFIX_SPACE = ("roberta", "deberta", "gpt2", "bloom", "longformer")
@@ -34,6 +40,7 @@ class TokenClassification:
     name = "token_classification"
     pipeline_tag = "token-classification"
     captures_cuda_graphs = False
+    done_in_export = {}
 
     def load(self, config) -> tuple[TagTask, dict]:
         if config.text_column_names and len(config.text_column_names) != 1:
@@ -104,7 +111,7 @@ class TokenClassification:
     def predict(self, accelerator, model, loader, task: TagTask, num_rows: int) -> list[dict]:
         return predict_tags(accelerator, model, loader, task, num_rows)
 
-    def card_parts(self, config, task: TagTask) -> CardParts:
+    def card_parts(self, config, task: TagTask, results: dict) -> CardParts:
         model = config.hub_model_id or config.output_dir
         names = ", ".join(task.label_names[:12]) + (", ..." if len(task.label_names) > 12 else "")
         if task.entity_tags and task.scheme != "BIOES":
@@ -122,9 +129,35 @@ class TokenClassification:
             pipe = f'pipeline("token-classification", model="{model}")'
         use = ("from transformers import pipeline", "", f"tag = {pipe}", asked)
         trained_on = f"**tagging** (a tag per word, scheme {SCHEME_WORDS[task.scheme]}: {names})"
-        return CardParts(
-            pipeline_tag=self.pipeline_tag, tag="token-classification", trained_on=trained_on, use=use
+        long_sentences = (
+            f"- long sentences: windows over words of up to {config.max_length} tokens overlapping by "
+            f"{stride_of(config)} words, each word tagged in the window where it has the most context (a "
+            "`pipeline` reads one window: pass it `stride` for longer texts)"
         )
+        return CardParts(
+            pipeline_tag=self.pipeline_tag,
+            tag="token-classification",
+            trained_on=trained_on,
+            use=use,
+            training=(*class_weights_line(task), long_sentences),
+            sections=tuple(confusion_section(results)),
+        )
+
+    def subject(self, config) -> str:
+        return "tagging"
+
+    def record_extras(self, task: TagTask) -> dict:
+        return {"class_weights_by_label": weights_by_label(task)}
+
+    def fit_batch_size(self, config, model, train, tokenizer, accelerator) -> tuple[dict, str]:
+        raise NotImplementedError("--auto_find_batch_size is refused for taggers (config/families.py)")
+
+    def step_graphs(self, args, config, accelerator, model, task: TagTask) -> None:
+        """No CUDA graphs (`captures_cuda_graphs`)."""
+
+    def finish(self, run) -> dict:
+        """Nothing: the export is the trained model."""
+        return {}
 
 
 def _load(args, task: TagTask, loading: dict):

@@ -31,6 +31,8 @@ from torch import nn
 
 from finetune.data.tasks import Task, eval_key
 from finetune.errors import ConfigError
+from finetune.families.sequence_classification.evaluation import _gathered_logits, split_results, split_scores
+from finetune.families.sequence_classification.plots import plot_reliability_diagram
 from finetune.metrics.calibration import (
     TEMPERATURE_RANGE,
     confidence_and_correct,
@@ -40,9 +42,9 @@ from finetune.metrics.calibration import (
     temperature_bound,
 )
 from finetune.model.lora import classification_head, is_peft_model
-from finetune.output.plots import RELIABILITY_FILE, plot_reliability_diagram
+from finetune.output.plots import RELIABILITY_FILE
 from finetune.output.writing import writing
-from finetune.training.evaluation import _gathered_logits, split_results, split_scores, without_autocast
+from finetune.training.evaluation import without_autocast
 
 
 def check_calibration(config, task: Task, splits: dict) -> None:
