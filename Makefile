@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 # Extra flags for `make train`, e.g. make train ARGS="--per_device_train_batch_size 16"
 ARGS ?=
 
-.PHONY: install slurm demo demo-sft train test test-quick bench bench-sft bench-sft-quality bench-steps lint format flags clean
+.PHONY: install slurm demo demo-sft train test test-quick bench bench-sft bench-sft-quality bench-steps bench-threads lint format flags clean
 
 install: $(VENV)/.installed
 
@@ -77,6 +77,10 @@ bench-sft-quality: install
 # One kernel choice A/B per training step (padding-free layers, packed dropout); ~4 minutes.
 bench-steps: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_steps $(ARGS)
+
+# torch's threads with 0, 1 and 2 CPU-bound neighbours on the cores (the busy-machine rule); ~6 minutes.
+bench-threads: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_threads $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .
