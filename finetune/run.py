@@ -20,6 +20,7 @@ from finetune.config.output_args import resolve_logging_steps
 from finetune.config.resolved import Resolved, eval_batch_size
 from finetune.config.train_config import TrainConfig, to_dict
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
+from finetune.distributed.fsdp import shard_record, watch_gradient_shards
 from finetune.distributed.launch_env import launcher_rank, launcher_world_size, processes_asked_of_accelerate
 from finetune.distributed.ranks import check_launched_all, replicas_identical
 from finetune.distributed.signals import StopSignals, only_noted
@@ -213,6 +214,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, betas, config.adam_epsilon)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, plan.warmup_updates, plan.total_updates)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if accelerator.is_fsdp2:
+        watch_gradient_shards(optimizer)  # for results.json's fsdp_shards
     loaders = {name: accelerator.prepare(loader) for name, loader in loaders.items()}
     train_loader, test_loader = loaders.pop("train", None), loaders.pop("test", None)
     state = load_checkpoint(accelerator, resume, identity) if resume else TrainState()
@@ -346,6 +349,8 @@ def execute(run: Run) -> dict:
         results["base_quantization"] = describe_quantization(config)
     # Collective: DDP keeps replicas equal by construction; this proves it for this run.
     results["replicas_identical"] = replicas_identical(accelerator, run.model)
+    if (shards := shard_record(accelerator, run.model, run.optimizer)) is not None:  # collective
+        results["fsdp_shards"] = shards
     write_run_record(run, results, predictions)  # rank 0's files; results.json last
     return results
 

@@ -1,0 +1,106 @@
+"""FSDP2 on every device, CPU included: the one place finetune lifts Accelerate's accelerator-only gate.
+
+Accelerate (1.15) picks FSDP inside its branch for accelerator world types (MULTI_GPU, MULTI_XPU, ...):
+on CPU the state is MULTI_CPU and an FSDP config trains as DDP, every rank holding the whole model.
+torch's `fully_shard` itself runs over gloo, and Accelerate's FSDP2 path (`prepare`, `get_state_dict`,
+`save_state`) is device-agnostic past that gate, so the state is switched to FSDP here, right after the
+Accelerator is made and before anything reads it. results.json says `fsdp_gate_lifted`; its test
+(tests/e2e/test_distributed.py) fails the day Accelerate lifts the gate itself (then this lift can go).
+"""
+
+from __future__ import annotations
+
+import torch
+from accelerate import Accelerator, PartialState
+from accelerate.utils import (
+    DistributedType,
+    FullyShardedDataParallelPlugin,
+    gather_object,
+    parse_flag_from_env,
+)
+from torch.distributed.tensor import DTensor
+
+from finetune.errors import ConfigError
+
+
+def engage_fsdp_on_cpu(accelerator: Accelerator) -> bool:
+    """Switch a CPU world that an FSDP config launched (`accelerate launch` sets ACCELERATE_USE_FSDP)
+    from Accelerate's MULTI_CPU to FSDP2, with the plugin Accelerate would have made from the same
+    environment. True where it did."""
+    if not parse_flag_from_env("ACCELERATE_USE_FSDP"):
+        return False
+    if accelerator.distributed_type != DistributedType.MULTI_CPU:
+        return False  # FSDP already (an accelerator), or one process (nothing to shard across)
+    plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables the launcher set
+    if plugin.fsdp_version != 2:
+        raise ConfigError(
+            f"fsdp_version {plugin.fsdp_version} in the accelerate config runs on GPUs only; "
+            "set fsdp_version: 2 (FSDP2 shards on CPU too)",
+            flag="fsdp_version",
+            fix="set fsdp_version: 2 in the accelerate config",
+        )
+    if accelerator.mixed_precision != "no":
+        plugin.set_mixed_precision(accelerator.mixed_precision)
+    # Both singletons, as Accelerate's own FSDP branch does: every AcceleratorState() made later (its
+    # dataloaders make some) copies PartialState's distributed_type over its own.
+    accelerator.state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
+    accelerator.state.fsdp_gate_lifted = True  # results.json's fsdp_gate_lifted, in this run's state
+    return True
+
+
+def gate_lifted(accelerator: Accelerator) -> bool:
+    """Whether this run's FSDP is finetune's doing (Accelerate alone would have run it as DDP)."""
+    return getattr(accelerator.state, "fsdp_gate_lifted", False)
+
+
+def describe_fsdp(accelerator: Accelerator) -> str:
+    """The start line's words for the sharding ('' without FSDP)."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        return ""
+    lifted = " (on CPU: finetune lifts Accelerate's GPU-only gate)" if gate_lifted(accelerator) else ""
+    return f"fsdp=FSDP{accelerator.state.fsdp_plugin.fsdp_version}{lifted} "
+
+
+def _local_elements(tensor) -> int:
+    return tensor.to_local().numel() if isinstance(tensor, DTensor) else tensor.numel()
+
+
+def watch_gradient_shards(optimizer) -> None:
+    """Under FSDP2: note, at the first optimizer step, how many gradient elements this rank holds (after
+    the reduce-scatter, just before the step reads them), for `shard_record`. The optimizer clears the
+    gradients after each step, so the end of the run cannot count them."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    inner.finetune_gradient_elements = None
+
+    def count(opt, *_):
+        if opt.finetune_gradient_elements is None:
+            grads = [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
+            opt.finetune_gradient_elements = sum(_local_elements(g) for g in grads)
+
+    inner.register_step_pre_hook(count)
+
+
+def shard_record(accelerator: Accelerator, model, optimizer) -> list[dict] | None:
+    """Collective: under FSDP, every rank's share of the trainable parameters, their gradients (at the
+    first step) and the optimizer's per-parameter state, in elements, beside the whole model's; None
+    without FSDP. results.json's `fsdp_shards`: what each rank really held, not what the config asked."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        return None
+    inner = getattr(optimizer, "optimizer", optimizer)
+    params = [p for group in inner.param_groups for p in group["params"]]
+    moments = [
+        t for p in params for t in inner.state.get(p, {}).values() if torch.is_tensor(t) and t.dim() > 0
+    ]
+    mine = {
+        "rank": accelerator.process_index,
+        "parameters": sum(_local_elements(p) for p in params),
+        "gradients": getattr(inner, "finetune_gradient_elements", None),
+        "optimizer_state": sum(_local_elements(t) for t in moments),
+        "whole_parameters": sum(p.numel() for p in params),
+        "whole_optimizer_state": sum(t.numel() for t in moments),
+        "sharded_tensors": sum(isinstance(p, DTensor) for p in params),
+        "tensors": len(params),
+    }
+    return gather_object([mine])
