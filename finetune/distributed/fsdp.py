@@ -104,3 +104,48 @@ def shard_record(accelerator: Accelerator, model, optimizer) -> list[dict] | Non
         "tensors": len(params),
     }
     return gather_object([mine])
+
+
+def _layer_stack_class(model) -> list[str]:
+    """The class of the model's stack of layers, for a model whose `_no_split_modules` names nothing (a
+    remote-code or older model class): the longest ModuleList of one class."""
+    stacks = [
+        list(m)
+        for m in model.modules()
+        if isinstance(m, torch.nn.ModuleList) and len(m) and len({type(x) for x in m}) == 1
+    ]
+    return [type(max(stacks, key=len)[0]).__name__] if stacks else []
+
+
+def fit_block_class(accelerator: Accelerator, model) -> str | None:
+    """Under FSDP with TRANSFORMER_BASED_WRAP: each block FSDP shards as one unit is the model's own
+    block class (`_no_split_modules`, as transformers names it: BertLayer, LlamaDecoderLayer, ...) where
+    the accelerate config leaves `fsdp_transformer_layer_cls_to_wrap` out or names a class the model
+    lacks; one config then serves every backbone. Returns the notice for a class set but absent (None
+    otherwise); a model without a block class and a config without one is a ConfigError."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if accelerator.distributed_type != DistributedType.FSDP or plugin is None:
+        return None
+    if "transformer" not in str(plugin.auto_wrap_policy).lower():
+        return None  # SIZE_BASED_WRAP or NO_WRAP: no class to name
+    present = {type(m).__name__ for m in model.modules()}
+    blocks = [name for name in getattr(model, "_no_split_modules", None) or [] if name in present]
+    blocks = blocks or _layer_stack_class(model)
+    asked = plugin.transformer_cls_names_to_wrap or []
+    if asked and all(name in present for name in asked):
+        return None
+    if not blocks:
+        raise ConfigError(
+            f"{type(model).__name__} names no block class for FSDP to shard as a unit; set "
+            "fsdp_transformer_layer_cls_to_wrap in the accelerate config to its layer class",
+            flag="fsdp_transformer_layer_cls_to_wrap",
+            fix="set fsdp_transformer_layer_cls_to_wrap to the model's layer class",
+        )
+    plugin.transformer_cls_names_to_wrap = blocks
+    if not asked:
+        return None
+    return (
+        f"notice: fsdp_transformer_layer_cls_to_wrap names {','.join(asked)}, which "
+        f"{type(model).__name__} lacks; FSDP wraps its block class {','.join(blocks)} (leave the setting "
+        "out of the accelerate config to take the model's own)"
+    )
