@@ -18,6 +18,7 @@ from tests.helpers import (
     N_VALIDATION,
     PYTHON,
     assert_same_weights,
+    assert_sharded,
     free_port,
     read_jsonl,
     reference_weights,
@@ -190,20 +191,6 @@ def test_compressed_gradients_over_two_ranks(documented_run, tiny_model_dir, nli
     assert cli(bf16) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("error: --ddp_comm_hook bf16 needs CUDA")
-
-
-def assert_sharded(results: dict, world_size: int = 2) -> None:
-    """Every rank held its 1/world share (FSDP2 splits each tensor on dim 0, so a share is within a row
-    of it) of the trainable parameters, their gradients and the optimizer's moments, and the shares add
-    up to the whole: read from the DTensors inside the run (results.json's fsdp_shards)."""
-    shards = results["fsdp_shards"]
-    assert [s["rank"] for s in shards] == list(range(world_size))
-    assert all(s["sharded_tensors"] == s["tensors"] > 0 for s in shards)
-    whole, moments = shards[0]["whole_parameters"], shards[0]["whole_optimizer_state"]
-    assert moments == 2 * whole  # AdamW: two moments a parameter
-    for held, of in (("parameters", whole), ("gradients", whole), ("optimizer_state", moments)):
-        assert sum(s[held] for s in shards) == of, held
-        assert all(abs(s[held] - of / world_size) < 0.01 * of for s in shards), held
 
 
 FSDP_ON_CPU = ["--config_file", "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all",
