@@ -106,6 +106,19 @@ def shard_record(accelerator: Accelerator, model, optimizer) -> list[dict] | Non
     return gather_object([mine])
 
 
+def _embedding_holders(model, names: list[str]) -> set[str]:
+    """Classes holding the input or output embeddings (BERT's `_no_split_modules` names BertEmbeddings):
+    Accelerate shards those embeddings as units of their own after the blocks, and one inside an already
+    sharded block fails there ("Invariant encountered")."""
+    get = (getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None))
+    embeds = [e for e in (g() if g else None for g in get) if e is not None]
+    return {
+        type(m).__name__
+        for m in model.modules()
+        if type(m).__name__ in names and any(e is sub for sub in m.modules() for e in embeds)
+    }
+
+
 def _layer_stack_class(model) -> list[str]:
     """The class of the model's stack of layers, for a model whose `_no_split_modules` names nothing (a
     remote-code or older model class): the longest ModuleList of one class."""
@@ -130,6 +143,7 @@ def fit_block_class(accelerator: Accelerator, model) -> str | None:
         return None  # SIZE_BASED_WRAP or NO_WRAP: no class to name
     present = {type(m).__name__ for m in model.modules()}
     blocks = [name for name in getattr(model, "_no_split_modules", None) or [] if name in present]
+    blocks = [name for name in blocks if name not in _embedding_holders(model, blocks)]
     blocks = blocks or _layer_stack_class(model)
     asked = plugin.transformer_cls_names_to_wrap or []
     if asked and all(name in present for name in asked):
