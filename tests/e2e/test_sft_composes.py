@@ -198,7 +198,8 @@ def test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill(chat, t
     step 5 (after checkpoint-4), resumed to the unbroken run's bits, --save_total_limit 2 keeping the two
     newest sharded checkpoints and no partial folder; the export a full model `pipeline` generates with;
     resume on one process refused in one line. Unpacked, with a block class the model lacks set on the
-    command line: the model's own is wrapped, said once, and DDP's losses again."""
+    command line: the model's own is wrapped, said once, and DDP's losses again. LoRA (fsdp_lora.yaml):
+    sharded, exported merged and as adapter/."""
     from transformers import pipeline
 
     packed = (*STEPS, "--packing", "true", "--save_total_limit", "2")
@@ -237,3 +238,13 @@ def test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill(chat, t
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("fsdp_transformer_layer_cls_to_wrap names BertLayer, which") == 1
     assert not sharded_like_ddp(plain, plain_ddp)["packing"]
+    lora = tmp_path / "lora"  # fsdp_lora.yaml: a merged causal LM and its adapter
+    done = run_ranks(sft_args(chat, lora, *short, "--use_peft", "true"), fsdp_on_cpu("fsdp_lora.yaml"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((lora / "results.json").read_text())
+    assert (
+        results["world_size"] == 2 and results["distributed_type"] == "FSDP" and results["global_step"] == 2
+    )
+    assert_sharded(results)
+    assert weights(lora).keys() == weights(chat["model"]).keys()
+    assert (lora / "adapter" / "adapter_model.safetensors").is_file()
