@@ -76,3 +76,15 @@ def test_a_model_without_a_block_class_is_refused_naming_the_setting(monkeypatch
     with pytest.raises(ConfigError) as refused:
         fit_block_class(fsdp_run(monkeypatch, None), torch.nn.Sequential(torch.nn.Linear(2, 2)))
     assert refused.value.flag == "fsdp_transformer_layer_cls_to_wrap"
+
+
+def test_fsdp1_on_cpu_is_refused_naming_the_setting(monkeypatch):
+    """FSDP1 needs a CUDA device; only FSDP2 is engaged on CPU."""
+    from finetune.distributed.fsdp import engage_fsdp_on_cpu
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "1")
+    cpu_world = types.SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, mixed_precision="no")
+    with pytest.raises(ConfigError) as refused:
+        engage_fsdp_on_cpu(cpu_world)
+    assert refused.value.flag == "fsdp_version" and "fsdp_version: 2" in str(refused.value)
