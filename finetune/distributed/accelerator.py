@@ -13,7 +13,7 @@ from accelerate.utils import (
 )
 
 from finetune.config.train_config import TrainConfig
-from finetune.distributed.fsdp import engage_fsdp_on_cpu, gate_lifted
+from finetune.distributed.fsdp import engage_fsdp_on_cpu, gate_lifted, reduce_in_fp32
 from finetune.distributed.gloo_address import check_gloo_address
 from finetune.distributed.launch_env import launcher_world_size
 from finetune.distributed.ranks import check_world_size
@@ -76,6 +76,7 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
     check_world_size(launcher_world_size(), accelerator.num_processes)
     # An FSDP config shards on CPU too (Accelerate alone would run it as DDP there).
     engage_fsdp_on_cpu(accelerator)
+    reduce_in_fp32(accelerator)  # bf16 compute, fp32 gradient reduction (GPU and CPU alike)
     if torch.cuda.is_available():
         # TF32 matmuls on Ampere+ cost ~nothing in accuracy for fine-tuning and are several times faster.
         torch.backends.cuda.matmul.allow_tf32 = True

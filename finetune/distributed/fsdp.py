@@ -50,6 +50,23 @@ def engage_fsdp_on_cpu(accelerator: Accelerator) -> bool:
     return True
 
 
+def reduce_in_fp32(accelerator: Accelerator) -> None:
+    """Under FSDP2 with bf16/fp16: compute in the half dtype, but reduce-scatter the gradients in fp32
+    (Accelerate's policy reduces in the half dtype, summing every rank's rounding into each shard). The
+    sharded parameters and the optimizer state stay fp32 either way."""
+    plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    if accelerator.distributed_type != DistributedType.FSDP or plugin is None or plugin.fsdp_version != 2:
+        return
+    policy = plugin.mixed_precision_policy
+    if policy is None or policy.param_dtype in (None, torch.float32):
+        return
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    plugin.mixed_precision_policy = MixedPrecisionPolicy(
+        param_dtype=policy.param_dtype, reduce_dtype=torch.float32, output_dtype=policy.output_dtype
+    )
+
+
 def gate_lifted(accelerator: Accelerator) -> bool:
     """Whether this run's FSDP is finetune's doing (Accelerate alone would have run it as DDP)."""
     return getattr(accelerator.state, "fsdp_gate_lifted", False)
@@ -82,6 +99,19 @@ def watch_gradient_shards(optimizer) -> None:
     inner.register_step_pre_hook(count)
 
 
+def _precision_in_use(model) -> dict:
+    """The dtypes FSDP2's parameter groups really gather and reduce in (their mixed-precision policy)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        group = module._get_fsdp_state()._fsdp_param_group if isinstance(module, FSDPModule) else None
+        if group is not None:
+            policy = group.mp_policy
+            name = lambda dtype: str(dtype or torch.float32).removeprefix("torch.")  # noqa: E731
+            return {"param_dtype": name(policy.param_dtype), "reduce_dtype": name(policy.reduce_dtype)}
+    return {}
+
+
 def shard_record(accelerator: Accelerator, model, optimizer) -> list[dict] | None:
     """Collective: under FSDP, every rank's share of the trainable parameters, their gradients (at the
     first step) and the optimizer's per-parameter state, in elements, beside the whole model's; None
@@ -102,6 +132,7 @@ def shard_record(accelerator: Accelerator, model, optimizer) -> list[dict] | Non
         "whole_optimizer_state": sum(t.numel() for t in moments),
         "sharded_tensors": sum(isinstance(p, DTensor) for p in params),
         "tensors": len(params),
+        **_precision_in_use(model),
     }
     return gather_object([mine])
 

@@ -237,3 +237,23 @@ def test_the_fsdp_config_shards_on_cpu_as_ddp_trains_and_resumes_and_exports(
     classify = pipeline("text-classification", model=str(full))  # the export loads as any model does
     label = classify([{"text": "A man sings.", "text_pair": "Someone sings."}])[0]["label"]
     assert label in {"entailment", "neutral", "contradiction"}
+
+
+def test_fsdp_in_bf16_on_cpu_computes_in_bf16_and_reduces_in_fp32(tiny_model_dir, nli_files, tmp_path):
+    """fsdp.yaml's own bf16 on 2 CPU ranks: FSDP2 gathers the parameters in bf16 and reduce-scatters the
+    gradients in fp32 (read from its parameter groups inside the run), the shards and the moments stay
+    fp32 and so does the export; a sharded checkpoint is written on the way."""
+    out = tmp_path / "out"
+    launch = FSDP_ON_CPU[: FSDP_ON_CPU.index("--mixed_precision")]  # the config's bf16
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "3", "--checkpointing_steps", "2")
+    done = run_ranks(with_flag(args, "--mixed_precision", "auto"), launch)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = results_of(out)
+    assert results["world_size"] == 2 and results["distributed_type"] == "FSDP"
+    assert results["mixed_precision"] == "bf16" and results["global_step"] == 3
+    assert_sharded(results)
+    assert {(s["param_dtype"], s["reduce_dtype"]) for s in results["fsdp_shards"]} == {
+        ("bfloat16", "float32")
+    }
+    assert {t.dtype for t in weights(out).values()} == {torch.float32}
+    assert (out / "checkpoint-2").is_dir()
