@@ -10,6 +10,8 @@ from accelerate import Accelerator
 from accelerate.utils import (
     DDPCommunicationHookType,
     DistributedDataParallelKwargs,
+    DistributedType,
+    parse_flag_from_env,
 )
 
 from finetune.config.train_config import TrainConfig
@@ -77,6 +79,9 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
     # An FSDP config shards on CPU too (Accelerate alone would run it as DDP there).
     engage_fsdp_on_cpu(accelerator)
     reduce_in_fp32(accelerator)  # bf16 compute, fp32 gradient reduction (GPU and CPU alike)
+    lone = accelerator.distributed_type == DistributedType.NO and parse_flag_from_env("ACCELERATE_USE_FSDP")
+    if lone:
+        print("notice: the accelerate config asks for FSDP, but one process has nothing to shard across")
     if torch.cuda.is_available():
         # TF32 matmuls on Ampere+ cost ~nothing in accuracy for fine-tuning and are several times faster.
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -57,11 +57,11 @@ def reduce_in_fp32(accelerator: Accelerator) -> None:
     plugin = getattr(accelerator.state, "fsdp_plugin", None)
     if accelerator.distributed_type != DistributedType.FSDP or plugin is None or plugin.fsdp_version != 2:
         return
-    policy = plugin.mixed_precision_policy
-    if policy is None or policy.param_dtype in (None, torch.float32):
-        return
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
+    policy = plugin.mixed_precision_policy
+    if not isinstance(policy, MixedPrecisionPolicy) or policy.param_dtype in (None, torch.float32):
+        return
     plugin.mixed_precision_policy = MixedPrecisionPolicy(
         param_dtype=policy.param_dtype, reduce_dtype=torch.float32, output_dtype=policy.output_dtype
     )

@@ -257,3 +257,17 @@ def test_fsdp_in_bf16_on_cpu_computes_in_bf16_and_reduces_in_fp32(tiny_model_dir
     }
     assert {t.dtype for t in weights(out).values()} == {torch.float32}
     assert (out / "checkpoint-2").is_dir()
+
+
+def test_an_fsdp_config_on_one_process_says_it_has_nothing_to_shard(
+    tiny_model_dir, nli_files, tmp_path, monkeypatch, capsys
+):
+    """`accelerate launch --config_file fsdp.yaml --num_processes 1` on CPU: one process, said in one line."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    results = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--max_train_steps", "1"))
+    assert results["world_size"] == 1 and results["distributed_type"] == "NO"
+    said = capsys.readouterr().out
+    assert (
+        said.count("notice: the accelerate config asks for FSDP, but one process has nothing to shard") == 1
+    )
