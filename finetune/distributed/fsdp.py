@@ -39,6 +39,13 @@ def engage_fsdp_on_cpu(accelerator: Accelerator) -> bool:
             flag="fsdp_version",
             fix="set fsdp_version: 2 in the accelerate config",
         )
+    if parse_flag_from_env("FSDP_OFFLOAD_PARAMS"):  # torch's offload policy asks for an accelerator
+        raise ConfigError(
+            "fsdp_offload_params: true in the accelerate config offloads to CPU from an accelerator, and "
+            "on CPU the parameters already are in CPU memory; set fsdp_offload_params: false",
+            flag="fsdp_offload_params",
+            fix="set fsdp_offload_params: false in the accelerate config",
+        )
     if accelerator.mixed_precision != "no":
         plugin.set_mixed_precision(accelerator.mixed_precision)
     # Both singletons, as Accelerate's own FSDP branch does: every AcceleratorState() made later (its

@@ -88,3 +88,16 @@ def test_fsdp1_on_cpu_is_refused_naming_the_setting(monkeypatch):
     with pytest.raises(ConfigError) as refused:
         engage_fsdp_on_cpu(cpu_world)
     assert refused.value.flag == "fsdp_version" and "fsdp_version: 2" in str(refused.value)
+
+
+def test_cpu_offload_on_cpu_is_refused_naming_the_setting(monkeypatch):
+    """torch's offload policy needs an accelerator ("Cannot access accelerator device"): one line instead."""
+    from finetune.distributed.fsdp import engage_fsdp_on_cpu
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    monkeypatch.setenv("FSDP_OFFLOAD_PARAMS", "true")
+    cpu_world = types.SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, mixed_precision="no")
+    with pytest.raises(ConfigError) as refused:
+        engage_fsdp_on_cpu(cpu_world)
+    assert refused.value.flag == "fsdp_offload_params"
