@@ -20,6 +20,7 @@ from finetune.config.output_args import resolve_logging_steps
 from finetune.config.resolved import Resolved, eval_batch_size
 from finetune.config.train_config import TrainConfig, to_dict
 from finetune.distributed.accelerator import build_accelerator, describe_runtime
+from finetune.distributed.fsdp import fit_block_class, shard_record, watch_gradient_shards
 from finetune.distributed.launch_env import launcher_rank, launcher_world_size, processes_asked_of_accelerate
 from finetune.distributed.ranks import check_launched_all, replicas_identical
 from finetune.distributed.signals import StopSignals, only_noted
@@ -210,7 +211,10 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     betas = (config.adam_beta1, config.adam_beta2)
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, betas, config.adam_epsilon)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, plan.warmup_updates, plan.total_updates)
+    wrap_notice = fit_block_class(accelerator, model)  # FSDP's unit: the model's own block class
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    if accelerator.is_fsdp2:
+        watch_gradient_shards(optimizer)  # for results.json's fsdp_shards
     # A family's step after prepare (DPO: its frozen reference placed, cast and sharded as the model).
     after_prepare = getattr(family, "after_prepare", None)
     if after_prepare is not None:
@@ -248,6 +252,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
             print(tracker_notice)
         if batch_notice:
             print(batch_notice)
+        if wrap_notice:
+            print(wrap_notice)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
         print(describe_parameters(parameters))
         print(task.summary())
@@ -339,6 +345,8 @@ def execute(run: Run) -> dict:
         results["base_quantization"] = describe_quantization(config)
     # Collective: DDP keeps replicas equal by construction; this proves it for this run.
     results["replicas_identical"] = replicas_identical(accelerator, run.model)
+    if (shards := shard_record(accelerator, run.model, run.optimizer)) is not None:  # collective
+        results["fsdp_shards"] = shards
     write_run_record(run, results, predictions)  # rank 0's files; results.json last
     return results
 

@@ -185,6 +185,20 @@ def assert_same_weights(a: dict, b: dict) -> None:
             torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def assert_sharded(results: dict, world_size: int = 2) -> None:
+    """Every rank held its 1/world share (FSDP2 splits each tensor on dim 0, so a share is within a row
+    of it) of the trainable parameters, their gradients and the optimizer's moments, and the shares add
+    up to the whole: read from the DTensors inside the run (results.json's fsdp_shards)."""
+    shards = results["fsdp_shards"]
+    assert [s["rank"] for s in shards] == list(range(world_size))
+    assert all(s["sharded_tensors"] == s["tensors"] > 0 for s in shards)
+    whole, moments = shards[0]["whole_parameters"], shards[0]["whole_optimizer_state"]
+    assert moments == 2 * whole  # AdamW: two moments a parameter
+    for held, of in (("parameters", whole), ("gradients", whole), ("optimizer_state", moments)):
+        assert sum(s[held] for s in shards) == of, held
+        assert all(abs(s[held] - of / world_size) < 0.01 * of for s in shards), held
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,6 +15,7 @@ from accelerate.utils import (
 )
 
 from finetune.config.train_config import TrainConfig
+from finetune.distributed.fsdp import engage_fsdp_on_cpu, gate_lifted, reduce_in_fp32
 from finetune.distributed.gloo_address import check_gloo_address
 from finetune.distributed.launch_env import launcher_world_size
 from finetune.distributed.ranks import check_world_size
@@ -75,14 +76,12 @@ def build_accelerator(config: TrainConfig, trackers: list[str]) -> Accelerator:
         dynamo_plugin=dynamo_plugin(config, torch.cuda.is_available()) if config.torch_compile else None,
     )
     check_world_size(launcher_world_size(), accelerator.num_processes)
-    asked_fsdp = parse_flag_from_env("ACCELERATE_USE_FSDP")  # set by `accelerate launch`
-    if asked_fsdp and accelerator.distributed_type != DistributedType.FSDP and accelerator.is_main_process:
-        # Accelerate engages FSDP only on accelerators; on CPU it runs the config as DDP, without a word.
-        print(
-            f"notice: the accelerate config asks for FSDP, but Accelerate runs it as "
-            f"{accelerator.distributed_type.value} on {accelerator.device.type}: every rank holds the whole "
-            "model (FSDP needs GPUs)"
-        )
+    # An FSDP config shards on CPU too (Accelerate alone would run it as DDP there).
+    engage_fsdp_on_cpu(accelerator)
+    reduce_in_fp32(accelerator)  # bf16 compute, fp32 gradient reduction (GPU and CPU alike)
+    lone = accelerator.distributed_type == DistributedType.NO and parse_flag_from_env("ACCELERATE_USE_FSDP")
+    if lone:
+        print("notice: the accelerate config asks for FSDP, but one process has nothing to shard across")
     if torch.cuda.is_available():
         # TF32 matmuls on Ampere+ cost ~nothing in accuracy for fine-tuning and are several times faster.
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -120,6 +119,7 @@ def describe_runtime(accelerator) -> dict:
         "distributed_type": accelerator.distributed_type.value,  # NO, MULTI_CPU, MULTI_GPU, FSDP, ...
         "device": str(accelerator.device),
         "mixed_precision": accelerator.mixed_precision,
+        **({"fsdp_gate_lifted": True} if gate_lifted(accelerator) else {}),
         # What the CPU rules saw (finetune/speed/hardware.py): results from another class differ in speed.
         **({"cpu_class": cpu_class()} if accelerator.device.type == "cpu" else {}),
     }

@@ -7,6 +7,7 @@ import hashlib
 
 import torch
 from accelerate.utils import gather_object
+from torch.distributed.tensor import DTensor
 
 from finetune.errors import ConfigError
 
@@ -37,8 +38,12 @@ def check_world_size(launched: int, joined: int) -> None:
 
 
 def replicas_identical(accelerator, model) -> bool:
-    """Collective: whether every rank holds bit-identical parameters (hashes gathered to all ranks)."""
+    """Collective: whether every rank holds bit-identical parameters (hashes gathered to all ranks). Under
+    FSDP each rank holds its own shard of the sharded tensors (DTensors): only the replicated rest is
+    compared (the shards: `fsdp_shards`)."""
     digest = hashlib.sha256()
     for tensor in accelerator.unwrap_model(model).state_dict().values():
+        if isinstance(tensor, DTensor):
+            continue
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return len(set(gather_object([digest.hexdigest()]))) == 1

@@ -11,6 +11,7 @@ import torch
 from finetune.config.families import reads
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task, eval_key
+from finetune.distributed.fsdp import describe_fsdp
 from finetune.speed.hardware import busy_cores_notice, cores_load, cpu_class
 
 
@@ -59,7 +60,8 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         else ""
     )
     job = (
-        f"world_size={accelerator.num_processes} device={accelerator.device} {cpu}"
+        f"world_size={accelerator.num_processes} device={accelerator.device} "
+        f"{describe_fsdp(accelerator)}{cpu}"
         f"mixed_precision={accelerator.mixed_precision} "
     )
     weights = f"torch_dtype={config.torch_dtype} attn_implementation={config.attn_implementation}"

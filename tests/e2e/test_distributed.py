@@ -18,10 +18,12 @@ from tests.helpers import (
     N_VALIDATION,
     PYTHON,
     assert_same_weights,
+    assert_sharded,
     free_port,
     read_jsonl,
     reference_weights,
     run_cli,
+    shifted_validation,
     tiny_args,
     weights,
     with_flag,
@@ -191,38 +193,81 @@ def test_compressed_gradients_over_two_ranks(documented_run, tiny_model_dir, nli
     assert error.startswith("error: --ddp_comm_hook bf16 needs CUDA")
 
 
-def test_the_fsdp_config_on_cpu_trains_resumes_and_exports_as_ddp(tiny_model_dir, nli_files, tmp_path):
-    """accelerate_configs/fsdp.yaml on 2 CPU processes: Accelerate engages FSDP only on GPUs and runs
-    the config as DDP (MULTI_CPU) here, which the run says in one line. What this proves is the config
-    file's path on CPU: same loop, resume, a loadable export that is the best model (validation labels
-    shifted by one, so the best evaluation comes before the last). FSDP itself needs a GPU machine."""
-    fsdp = ["--config_file", "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all",
-            "--mixed_precision", "no"]  # fmt: skip
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    shifted = tmp_path / "shifted.jsonl"
-    rows = [json.loads(line) for line in nli_files["validation"].read_text().splitlines()]
-    shifted.write_text("".join(json.dumps({**r, "label": (r["label"] + 1) % 3}) + "\n" for r in rows))
-    nli_files = {**nli_files, "validation": shifted}
+FSDP_ON_CPU = ["--config_file", "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all",
+               "--mixed_precision", "no"]  # fmt: skip
+
+
+def test_the_fsdp_config_shards_on_cpu_as_ddp_trains_and_resumes_and_exports(
+    tiny_model_dir, nli_files, tmp_path
+):
+    """accelerate_configs/fsdp.yaml on 2 CPU processes: FSDP2 really shards (finetune lifts Accelerate's
+    GPU-only gate, and says so in the start line), each rank holding half of the parameters, gradients
+    and optimizer state; the losses and weights are DDP's to float tolerance; a sharded checkpoint
+    resumes to the unbroken run's bits; the export (the best model: validation labels shifted by one,
+    so the best evaluation comes before the last) is a full state dict `pipeline` loads."""
+    full, resumed, ddp = tmp_path / "full", tmp_path / "resumed", tmp_path / "ddp"
+    nli_files = shifted_validation(nli_files, tmp_path)
     args = ["--checkpointing_steps", "10", "--eval_strategy", "steps", "--eval_steps", "4"]  # 19 steps
-    done = run_ranks(tiny_args(tiny_model_dir, nli_files, full, *args), fsdp)
+    done = run_ranks(tiny_args(tiny_model_dir, nli_files, full, *args), FSDP_ON_CPU)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.count("asks for FSDP, but Accelerate runs it as MULTI_CPU") == 1
+    assert done.stdout.count("fsdp=FSDP2 (on CPU: finetune lifts Accelerate's GPU-only gate)") == 1
+    two_process(tiny_args(tiny_model_dir, nli_files, ddp, *args))  # cpu_multiprocess.yaml: DDP
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-10", resumed / "checkpoint-10")  # mid-epoch
     # With the best model so far (a run resumed in its own folder finds it there).
     shutil.copytree(full / "best_model", resumed / "best_model")
     done = run_ranks(
-        tiny_args(tiny_model_dir, nli_files, resumed, *args, "--resume_from_checkpoint", "auto"), fsdp
+        tiny_args(tiny_model_dir, nli_files, resumed, *args, "--resume_from_checkpoint", "auto"), FSDP_ON_CPU
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    a, b = results_of(full), results_of(resumed)
-    assert a["world_size"] == b["world_size"] == 2 and a["global_step"] == b["global_step"] == 19
-    assert a["distributed_type"] == b["distributed_type"] == "MULTI_CPU"
-    assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"]
-    assert_same_weights(weights(full), weights(resumed))
+    a, b, c = results_of(full), results_of(resumed), results_of(ddp)
+    assert a["world_size"] == b["world_size"] == c["world_size"] == 2
+    assert a["global_step"] == b["global_step"] == c["global_step"] == 19
+    assert a["distributed_type"] == b["distributed_type"] == "FSDP" and c["distributed_type"] == "MULTI_CPU"
+    # Fails the day Accelerate engages FSDP on CPU itself: then finetune's lift can go.
+    assert a["fsdp_gate_lifted"] and "fsdp_gate_lifted" not in c
+    assert_sharded(a)
+    assert losses(full) == pytest.approx(losses(ddp), rel=1e-5) and len(losses(full)) == 4
+    assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"] == c["eval_matched_accuracy"]
+    assert_same_weights(weights(full), weights(ddp))
+    assert all(torch.equal(t, weights(resumed)[name]) for name, t in weights(full).items())  # bitwise
     assert a["best_step"] < 19 and a["exported_model_step"] == a["best_step"]
     root, best = weights(full), weights(full / "best_model")
     assert all(torch.equal(root[name], best[name]) for name in best)
     classify = pipeline("text-classification", model=str(full))  # the export loads as any model does
     label = classify([{"text": "A man sings.", "text_pair": "Someone sings."}])[0]["label"]
     assert label in {"entailment", "neutral", "contradiction"}
+
+
+def test_fsdp_in_bf16_on_cpu_computes_in_bf16_and_reduces_in_fp32(tiny_model_dir, nli_files, tmp_path):
+    """fsdp.yaml's own bf16 on 2 CPU ranks: FSDP2 gathers the parameters in bf16 and reduce-scatters the
+    gradients in fp32 (read from its parameter groups inside the run), the shards and the moments stay
+    fp32 and so does the export; a sharded checkpoint is written on the way."""
+    out = tmp_path / "out"
+    launch = FSDP_ON_CPU[: FSDP_ON_CPU.index("--mixed_precision")]  # the config's bf16
+    args = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "3", "--checkpointing_steps", "2")
+    done = run_ranks(with_flag(args, "--mixed_precision", "auto"), launch)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = results_of(out)
+    assert results["world_size"] == 2 and results["distributed_type"] == "FSDP"
+    assert results["mixed_precision"] == "bf16" and results["global_step"] == 3
+    assert_sharded(results)
+    assert {(s["param_dtype"], s["reduce_dtype"]) for s in results["fsdp_shards"]} == {
+        ("bfloat16", "float32")
+    }
+    assert {t.dtype for t in weights(out).values()} == {torch.float32}
+    assert (out / "checkpoint-2").is_dir()
+
+
+def test_an_fsdp_config_on_one_process_says_it_has_nothing_to_shard(
+    tiny_model_dir, nli_files, tmp_path, monkeypatch, capsys
+):
+    """`accelerate launch --config_file fsdp.yaml --num_processes 1` on CPU: one process, said in one line."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    results = main(tiny_args(tiny_model_dir, nli_files, tmp_path / "out", "--max_train_steps", "1"))
+    assert results["world_size"] == 1 and results["distributed_type"] == "NO"
+    said = capsys.readouterr().out
+    assert (
+        said.count("notice: the accelerate config asks for FSDP, but one process has nothing to shard") == 1
+    )

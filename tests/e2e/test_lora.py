@@ -15,6 +15,7 @@ from tests.backbones import build_tiny
 from tests.e2e.idle_runs import LORA_STEPS
 from tests.helpers import (
     assert_same_weights,
+    assert_sharded,
     read_jsonl,
     refused,
     reset_accelerate,
@@ -212,31 +213,48 @@ def test_lora_on_two_processes_ddp_keeps_replicas_equal(tiny_model_dir, nli_file
 
 
 @pytest.mark.multiprocess
-def test_lora_with_the_fsdp_config_on_cpu_trains_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
-    """accelerate_configs/fsdp_lora.yaml on 2 CPU processes, which Accelerate runs as DDP (MULTI_CPU;
-    FSDP needs GPUs): LoRA through the config file's path, resume from a mid-epoch checkpoint, a merged
-    export that pipeline loads without peft."""
+def test_lora_under_fsdp_on_cpu_is_ddps_lora_sharded_resumes_and_exports(tiny_model_dir, nli_files, tmp_path):
+    """accelerate_configs/fsdp_lora.yaml on 2 CPU processes, with --gradient_checkpointing: FSDP2 shards
+    the frozen base and the adapters alike (each rank half of the trainable parameters, their gradients
+    and moments), the losses and weights are DDP's; resume from a mid-epoch sharded checkpoint ends on
+    the same bits; the export is a merged model pipeline loads without peft, and adapter/ the adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+
     fsdp = ["--config_file", "accelerate_configs/fsdp_lora.yaml", "--num_processes", "2", "--gpu_ids", "all",
             "--mixed_precision", "no"]  # fmt: skip
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    args = ["--checkpointing_steps", "10"]  # 1 epoch: 19 steps
+    full, resumed, ddp = tmp_path / "full", tmp_path / "resumed", tmp_path / "ddp"
+    args = ["--checkpointing_steps", "10", "--gradient_checkpointing", "true"]  # 1 epoch: 19 steps
     two_process(fsdp, lora_args(tiny_model_dir, nli_files, full, *args))
+    two_process(CPU_2, lora_args(tiny_model_dir, nli_files, ddp, *args))
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-10", resumed / "checkpoint-10")
     resume = [*args, "--resume_from_checkpoint", "auto"]
     two_process(fsdp, lora_args(tiny_model_dir, nli_files, resumed, *resume))
-    a, b = (json.loads((d / "results.json").read_text()) for d in (full, resumed))
-    assert a["world_size"] == b["world_size"] == 2 and a["global_step"] == b["global_step"] == 19
-    assert a["distributed_type"] == b["distributed_type"] == "MULTI_CPU"
+    a, b, c = (json.loads((d / "results.json").read_text()) for d in (full, resumed, ddp))
+    assert a["world_size"] == b["world_size"] == c["world_size"] == 2
+    assert a["global_step"] == b["global_step"] == c["global_step"] == 19
+    assert a["distributed_type"] == b["distributed_type"] == "FSDP" and c["distributed_type"] == "MULTI_CPU"
     assert a["trainable_parameters"] < a["total_parameters"] / 10
-    assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"]
-    assert_same_weights(weights(full), weights(resumed))
+    assert_sharded(a)
+    assert a["fsdp_shards"][0]["whole_parameters"] == a["trainable_parameters"]  # the frozen base: no moments
+    logged = [[r["loss"] for r in read_jsonl(d / "metrics.jsonl") if "loss" in r] for d in (full, ddp)]
+    assert len(logged[0]) == 4 and logged[0] == pytest.approx(logged[1], rel=1e-5)
+    assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"] == c["eval_matched_accuracy"]
+    assert_same_weights(weights(full), weights(ddp))
+    assert all(torch.equal(t, weights(resumed)[name]) for name, t in weights(full).items())
     assert weights(full).keys() == weights(tiny_model_dir).keys()
     # A plain model: no adapter config beside it for transformers to hand to peft.
     assert not (full / "adapter_config.json").exists()
     classify = pipeline("text-classification", model=str(full))
     label = classify([{"text": "A man sings.", "text_pair": "Someone sings."}])[0]["label"]
     assert label in {"entailment", "neutral", "contradiction"}
+    base = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir)
+    adapted = PeftModel.from_pretrained(base, str(full / "adapter")).merge_and_unload()
+    merged = weights(full)
+    for name, tensor in adapted.state_dict().items():
+        if name in merged:
+            torch.testing.assert_close(tensor, merged[name], rtol=0, atol=1e-6, msg=name)
 
 
 @pytest.mark.slow

@@ -289,8 +289,7 @@ def test_a_run_without_bitsandbytes_is_refused_with_the_pip_command(
 
 
 def test_4bit_under_fsdp_is_refused_before_any_weight_is_read():
-    """FSDP runs on GPUs only (on CPU accelerate runs the FSDP config as DDP), so the accelerator's
-    state is given as FSDP's: the rule reads nothing else of it."""
+    """The accelerator's state is given as FSDP's: the rule reads nothing else of it."""
     config = TrainConfig(use_peft=True, load_in_4bit=True)
     fsdp = types.SimpleNamespace(distributed_type=DistributedType.FSDP, mixed_precision="bf16")
     with refused("--load_in_4bit", "FSDP"):

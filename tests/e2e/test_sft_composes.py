@@ -5,15 +5,16 @@ lock and a finished run's relaunch hold as for classifiers; bad settings are one
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 
 from finetune.errors import ConfigError
-from finetune.mnli import main
+from finetune.mnli import cli, main
 from finetune.studies.sweep_command import sweep_main
 from tests.e2e.test_sft import ONE_UPDATE, chat, first_update, sft_args  # noqa: F401  (chat: the module's fixture)
-from tests.helpers import read_jsonl, reset_accelerate, weights
+from tests.helpers import assert_sharded, read_jsonl, reset_accelerate, weights
 from tests.warm_ranks import run_ranks, run_warm
 
 STEPS = ("--max_train_steps", "6", "--per_device_train_batch_size", "2", "--learning_rate", "3e-3",
@@ -168,19 +169,82 @@ def test_gradient_checkpointing_gives_the_same_update(chat, tmp_path, lora):  # 
     assert checkpointed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5)
 
 
+def fsdp_on_cpu(config: str = "fsdp.yaml", *extra: str) -> list[str]:
+    return ["--config_file", f"accelerate_configs/{config}", "--num_processes", "2", "--gpu_ids", "all",
+            "--mixed_precision", "no", *extra]  # fmt: skip
+
+
+def sharded_like_ddp(fsdp_out, ddp_out) -> dict:
+    """Both on 2 ranks, one run FSDP2 (each rank half of every parameter, gradient and moment), the other
+    DDP: the same losses and weights to float tolerance (only the reductions' order differs)."""
+    fsdp, ddp = (json.loads((out / "results.json").read_text()) for out in (fsdp_out, ddp_out))
+    assert fsdp["world_size"] == ddp["world_size"] == 2 and fsdp["global_step"] == ddp["global_step"]
+    assert fsdp["distributed_type"] == "FSDP" and ddp["distributed_type"] == "MULTI_CPU"
+    assert_sharded(fsdp)
+    logged = [
+        [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r] for out in (fsdp_out, ddp_out)
+    ]
+    assert len(logged[0]) == fsdp["global_step"] and logged[0] == pytest.approx(logged[1], rel=1e-5)
+    a, b = weights(fsdp_out), weights(ddp_out)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
+    return json.loads((fsdp_out / "train_config.json").read_text())  # what it trained with
+
+
 @pytest.mark.multiprocess
-def test_the_fsdp_configs_on_cpu_train_a_causal_lm_as_ddp(chat, tmp_path):  # noqa: F811
-    """accelerate_configs/fsdp.yaml and fsdp_lora.yaml on 2 CPU processes: Accelerate runs them as DDP
-    (MULTI_CPU) here, and says so once; the config files' path trains and exports a causal LM. FSDP itself
-    needs a GPU machine."""
-    for config, peft in (("fsdp.yaml", ()), ("fsdp_lora.yaml", ("--use_peft", "true"))):
-        launch = ["--config_file", f"accelerate_configs/{config}", "--num_processes", "2", "--gpu_ids", "all",
-                  "--mixed_precision", "no"]  # fmt: skip
-        out = tmp_path / config
-        done = run_ranks(sft_args(chat, out, "--max_train_steps", "2", "--per_device_train_batch_size", "4",
-                                  *peft), launch)  # fmt: skip
+def test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill(chat, tmp_path, capsys):  # noqa: F811
+    """fsdp.yaml on 2 CPU ranks, packed: DDP's losses and weights with each rank holding half; SIGKILLed at
+    step 5 (after checkpoint-4), resumed to the unbroken run's bits, --save_total_limit 2 keeping the two
+    newest sharded checkpoints and no partial folder; the export a full model `pipeline` generates with;
+    resume on one process refused in one line. Unpacked, with a block class the model lacks set on the
+    command line: the model's own is wrapped, said once, and DDP's losses again. LoRA (fsdp_lora.yaml):
+    sharded, exported merged and as adapter/."""
+    from transformers import pipeline
+
+    packed = (*STEPS, "--packing", "true", "--save_total_limit", "2")
+    ddp, unbroken, killed = tmp_path / "ddp", tmp_path / "unbroken", tmp_path / "killed"
+    for out, launch in ((ddp, None), (unbroken, fsdp_on_cpu())):
+        done = run_ranks(sft_args(chat, out, *packed), *([launch] if launch else []))
         assert done.returncode == 0, done.stderr[-3000:]
-        assert done.stdout.count("asks for FSDP, but Accelerate runs it as MULTI_CPU") == 1
-        results = json.loads((out / "results.json").read_text())
-        assert results["world_size"] == 2 and results["distributed_type"] == "MULTI_CPU"
-        assert (out / "model.safetensors").is_file() and results["global_step"] == 2
+    assert sharded_like_ddp(unbroken, ddp)["packing"]
+    env = {"AT_STEP": "5", "SIGNAL": "KILL", "RANKS": "0,1"}
+    died = run_ranks(sft_args(chat, killed, *packed), fsdp_on_cpu(), "tests/probes/signal_at_step.py", env)
+    assert died.returncode != 0 and not (killed / "results.json").exists()
+    assert sorted(p.name for p in killed.glob("*checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    resumed = run_ranks(sft_args(chat, killed, *packed, "--resume_from_checkpoint", "auto"), fsdp_on_cpu())
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    results = json.loads((killed / "results.json").read_text())
+    assert (
+        results["world_size"] == 2 and results["global_step"] == 6 and results["distributed_type"] == "FSDP"
+    )
+    a, b = weights(unbroken), weights(killed)
+    assert [name for name in a if not torch.equal(a[name], b[name])] == []
+    assert sorted(p.name for p in killed.glob("*checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    generate = pipeline("text-generation", model=str(killed))
+    assert isinstance(generate("hello", max_new_tokens=2)[0]["generated_text"], str)
+    alone = tmp_path / "alone"  # the sharded checkpoint, resumed on one process
+    shutil.copytree(killed / "checkpoint-4", alone / "checkpoint-4")
+    assert cli(sft_args(chat, alone, *packed, "--resume_from_checkpoint", "auto")) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: --resume_from_checkpoint") and "saved with 2 processes" in error
+
+    short = ("--max_train_steps", "2", "--per_device_train_batch_size", "2", "--logging_steps", "1")
+    plain_ddp, plain = tmp_path / "plain_ddp", tmp_path / "plain"
+    done = run_ranks(sft_args(chat, plain_ddp, *short))
+    assert done.returncode == 0, done.stderr[-3000:]
+    wrong_block = fsdp_on_cpu("fsdp.yaml", "--fsdp_transformer_layer_cls_to_wrap", "BertLayer")
+    done = run_ranks(sft_args(chat, plain, *short), wrong_block)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("fsdp_transformer_layer_cls_to_wrap names BertLayer, which") == 1
+    assert not sharded_like_ddp(plain, plain_ddp)["packing"]
+    lora = tmp_path / "lora"  # fsdp_lora.yaml: a merged causal LM and its adapter
+    done = run_ranks(sft_args(chat, lora, *short, "--use_peft", "true"), fsdp_on_cpu("fsdp_lora.yaml"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((lora / "results.json").read_text())
+    assert (
+        results["world_size"] == 2 and results["distributed_type"] == "FSDP" and results["global_step"] == 2
+    )
+    assert_sharded(results)
+    assert weights(lora).keys() == weights(chat["model"]).keys()
+    assert (lora / "adapter" / "adapter_model.safetensors").is_file()

@@ -17,9 +17,9 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from finetune.families.token_classification.tags import label_order
 from finetune.mnli import main
-from tests.helpers import read_jsonl, reset_accelerate, weights
+from tests.helpers import assert_sharded, read_jsonl, reset_accelerate, weights
 from tests.tagging_data import sentence, sentences, tiny_tagger, write_conll, write_conllu, write_jsonl
-from tests.warm_ranks import run_ranks, run_warm
+from tests.warm_ranks import CPU_2, run_ranks, run_warm
 
 
 @pytest.fixture(scope="module")
@@ -410,3 +410,28 @@ def test_evaluating_the_exported_tagger_reads_its_windows_as_it_was_trained(ner,
     assert "--do_train false: --doc_stride 4 --max_length 32, as " in capsys.readouterr().out
     assert again["eval_loss"] == pytest.approx(results["eval_loss"], rel=1e-5)
     assert again["eval_f1"] == results["eval_f1"]
+
+
+@pytest.mark.multiprocess
+def test_tagging_under_fsdp_on_cpu_is_ddp_sharded(ner, tmp_path):
+    """fsdp.yaml on 2 CPU ranks: each rank half of the tagger's parameters, gradients and moments; the
+    losses, evaluation and exported weights are DDP's to float tolerance."""
+    steps = ("--max_train_steps", "4", "--per_device_train_batch_size", "4", "--logging_steps", "1",
+             "--learning_rate", "3e-3", "--eval_strategy", "steps", "--eval_steps", "4")  # fmt: skip
+    fsdp = ["--config_file", "accelerate_configs/fsdp.yaml", "--num_processes", "2", "--gpu_ids", "all",
+            "--mixed_precision", "no"]  # fmt: skip
+    sharded, ddp = tmp_path / "fsdp", tmp_path / "ddp"
+    for out, launch in ((sharded, fsdp), (ddp, CPU_2)):
+        done = run_ranks(tag_args(ner, out, *steps), launch)
+        assert done.returncode == 0, done.stderr[-3000:]
+    a, b = (json.loads((out / "results.json").read_text()) for out in (sharded, ddp))
+    assert a["world_size"] == b["world_size"] == 2 and a["global_step"] == b["global_step"] == 4
+    assert a["distributed_type"] == "FSDP" and b["distributed_type"] == "MULTI_CPU"
+    assert_sharded(a)
+    logged = [[r["loss"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r] for out in (sharded, ddp)]
+    assert len(logged[0]) == 4 and logged[0] == pytest.approx(logged[1], rel=1e-5)
+    assert a["eval_loss"] == pytest.approx(b["eval_loss"], rel=1e-5) and a["eval_f1"] == b["eval_f1"]
+    x, y = weights(sharded), weights(ddp)
+    assert x.keys() == y.keys()
+    for name in x:
+        torch.testing.assert_close(x[name], y[name], rtol=1e-4, atol=1e-5, msg=name)
