@@ -1,11 +1,33 @@
-"""Task families: what a run learns (sequence classification, causal-LM SFT, token classification),
-plugged into the one loop."""
+"""Task families: what a run learns (sequence classification, causal-LM SFT, token classification,
+DPO), plugged into the one loop; and families from outside the package, `register`ed by name."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+
+REGISTERED: dict[str, Callable[[], object]] = {}
+"""--task_type values beyond the package's, each with the factory of its family (`register`)."""
+
+
+def register(name: str, factory: Callable[[], object]) -> None:
+    """Makes `name` a --task_type whose runs `factory()`'s family learns, in this process (a launched run's
+    every rank registers it before parsing its flags). The family provides what
+    `finetune.families.family.TaskFamily` lists (its attributes and every hook run.py calls; tests/
+    toy_family.py is one outside the package); the flags it reads are the ones no family owns
+    (config/families.py)."""
+    REGISTERED[name] = factory
+
+
+def registered() -> tuple[str, ...]:
+    """The registered --task_type values: the config accepts them beside its own (config reads this
+    lazily, and this module imports nothing of config at import time: no circle)."""
+    return tuple(REGISTERED)
 
 
 def family_for(task_type: str):
     """The family of --task_type (imported here, when asked for: each brings its own modules)."""
+    if task_type in REGISTERED:
+        return REGISTERED[task_type]()
     if task_type == "causal_lm":
         from finetune.families.causal_lm.family import CausalLM
 
