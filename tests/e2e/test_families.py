@@ -15,7 +15,10 @@ from safetensors.torch import load_file
 from transformers import pipeline
 
 from finetune.config.data_args import TaskType
-from finetune.families import REGISTERED, family_for, register
+from finetune.config.identity import run_identity
+from finetune.config.parser import parse_config
+from finetune.errors import ConfigError
+from finetune.families import CONFIG_DEFAULTS, REGISTERED, ConfigDefaults, family_for, register
 from finetune.mnli import main
 from tests import toy_family
 from tests.chat_models import build_tiny_lm
@@ -212,3 +215,32 @@ def test_the_contract_of_every_family(task_type, tiny_model_dir, nli_files, tmp_
                   "--save_plots", "false"])  # fmt: skip
     for key in dict.fromkeys(("eval_loss", metric)):
         assert alone[key] == pytest.approx(results[key], rel=1e-5, abs=1e-7), key
+
+
+def test_a_family_supplies_its_max_length_default_and_identity_extras(tmp_path, tiny_model_dir):
+    """--max_length's default and the tokenizer's place in the identity are the family's: the built-in
+    ones as they were recorded (128 and none for the classifiers, 1024 and a digest for the decoders),
+    a registered family's its own."""
+    write_jsonl(tmp_path / "train.jsonl", [{"text": "a b"}])
+    write_jsonl(tmp_path / "validation.jsonl", [{"text": "a"}])
+
+    def parsed(task_type):
+        config = parse_config(["--task_type", task_type, "--model_name_or_path", str(tiny_model_dir),
+                               *local_files(tmp_path), "--output_dir", str(tmp_path / "out")])  # fmt: skip
+        return config.max_length, run_identity(config, 1)["tokenizer"]
+
+    found = {task_type: parsed(task_type) for task_type in typing.get_args(TaskType)}
+    assert {t: length for t, (length, _) in found.items()} == {
+        "sequence_classification": 128, "causal_lm": 1024, "token_classification": 128, "dpo": 1024
+    }  # fmt: skip
+    assert [t for t, (_, tokenizer) in found.items() if tokenizer] == ["causal_lm", "dpo"]
+    decoder = ConfigDefaults(max_length_tokens=77, tokenizer_in_identity=True)
+    register("toy_decoder", toy_family.WordCount, decoder)
+    try:
+        length, tokenizer = parsed("toy_decoder")
+    finally:
+        REGISTERED.pop("toy_decoder")
+        CONFIG_DEFAULTS.pop("toy_decoder")
+    assert length == 77 and tokenizer == found["causal_lm"][1]  # the same folder's tokenizer files
+    with pytest.raises(ConfigError, match="--task_type must be one of|--task_type: invalid choice"):
+        parsed("toy_decoder")  # registered in this process only
