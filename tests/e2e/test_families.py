@@ -33,38 +33,70 @@ def exact_match(completions: list[str], references: list[str]) -> float:
     return sum(same) / len(same)
 
 
-def test_dpo_predicts_and_generates_as_sft_does(tmp_path):
+def conversational(row: dict) -> dict:
+    """A pair of tests/e2e/test_dpo.py as messages: the prompt a user turn, each completion a reply."""
+    reply = [{"role": "assistant", "content": row["chosen"].strip()}]
+    other = [{"role": "assistant", "content": row["rejected"].strip()}]
+    return {"prompt": [{"role": "user", "content": row["prompt"]}], "chosen": reply, "rejected": other}
+
+
+@pytest.mark.parametrize("messages", [False, True], ids=["strings", "conversational"])
+def test_dpo_predicts_and_generates_as_sft_does(tmp_path, messages):
     """--do_predict on a file of pairs (their prompts) and --predict_with_generate: predictions.jsonl
     lists each prompt's greedy completion in input order, as `pipeline("text-generation")` of the export
-    answers it; eval_exact_match is the share of them equal to each pair's chosen completion."""
+    answers it (a conversation's: with the chat template's generation prompt); eval_exact_match is the
+    share of them equal to each pair's chosen completion (a conversation's: its reply)."""
     rng = random.Random(0)
     validation = [pair(rng) for _ in range(5)]
-    write_jsonl(tmp_path / "train.jsonl", [pair(rng) for _ in range(8)])
+    train = [pair(rng) for _ in range(8)]
+    if messages:
+        validation, train = [conversational(r) for r in validation], [conversational(r) for r in train]
+    write_jsonl(tmp_path / "train.jsonl", train)
     write_jsonl(tmp_path / "validation.jsonl", validation)
     out = tmp_path / "out"
     results = main([
         "--task_type", "dpo", "--model_name_or_path", str(build_tiny_lm("llama", tmp_path / "llama")),
-        "--train_file", str(tmp_path / "train.jsonl"),
-        "--validation_file", str(tmp_path / "validation.jsonl"),
-        "--test_file", str(tmp_path / "validation.jsonl"), "--do_predict", "--predict_with_generate",
-        "--generation_max_new_tokens", "4", "--output_dir", str(out), "--max_length", "48",
-        "--per_device_train_batch_size", "4", "--max_train_steps", "2", "--learning_rate", "1e-3",
-        "--eval_strategy", "steps", "--eval_steps", "2", "--mixed_precision", "no", "--report_to", "none",
-        "--save_plots", "false",
+        *local_files(tmp_path), "--test_file", str(tmp_path / "validation.jsonl"), "--do_predict",
+        "--predict_with_generate", "--generation_max_new_tokens", "4", "--output_dir", str(out),
+        "--max_length", "48", "--per_device_train_batch_size", "4", "--max_train_steps", "2",
+        "--learning_rate", "1e-3", "--eval_strategy", "steps", "--eval_steps", "2",
+        "--mixed_precision", "no", "--report_to", "none", "--save_plots", "false",
     ])  # fmt: skip
     reset_accelerate()
     predictions = read_jsonl(out / "predictions.jsonl")
     assert [p["row"] for p in predictions] == list(range(len(validation)))
     completions = [p["completion"] for p in predictions]
     generate = pipeline("text-generation", model=str(out))
-    answers = [generate(row["prompt"], return_full_text=False)[0]["generated_text"] for row in validation]
+    if messages:
+        answers = [generate(row["prompt"])[0]["generated_text"][-1]["content"] for row in validation]
+        chosen = [row["chosen"][0]["content"] for row in validation]
+    else:
+        answers = [generate(row["prompt"], return_full_text=False)[0]["generated_text"] for row in validation]
+        chosen = [row["chosen"] for row in validation]
     assert answers == completions
     assert results["predict_samples"] == len(validation)
-    chosen = [row["chosen"] for row in validation]
     assert results["eval_exact_match"] == pytest.approx(exact_match(completions, chosen), abs=1e-12)
     logged = [r for r in read_jsonl(out / "metrics.jsonl") if "eval_exact_match" in r]
     assert [r["step"] for r in logged] == [2]
-    assert json.loads((out / "results.json").read_text())["predict_samples"] == len(validation)
+    # The export evaluated alone on pairs two of whose chosen completions are its own answers: 2 of 5
+    # match (the reference is the chosen side, not the rejected one; a random model matches none).
+    said = [i for i, completion in enumerate(completions) if completion.strip()][:2]
+    assert len(said) == 2
+    for i in said:
+        answer = completions[i].strip()
+        if messages:
+            validation[i]["chosen"] = [{"role": "assistant", "content": answer}]
+        else:
+            validation[i]["chosen"] = " " + answer
+    write_jsonl(tmp_path / "answered.jsonl", validation)
+    alone = main([
+        "--task_type", "dpo", "--model_name_or_path", str(out), "--validation_file",
+        str(tmp_path / "answered.jsonl"), "--do_train", "false", "--predict_with_generate",
+        "--generation_max_new_tokens", "4",
+        "--max_length", "48", "--output_dir", str(tmp_path / "alone"), "--mixed_precision", "no",
+        "--report_to", "none", "--save_plots", "false",
+    ])  # fmt: skip
+    assert alone["eval_exact_match"] == pytest.approx(2 / 5, abs=1e-12)
 
 
 # The contract: each family trained on 2 real processes (a checkpoint at step 2 of 4, evaluation, the
