@@ -85,7 +85,8 @@ class DataArgs:
     label) as the validation split."""
     max_length: int | None = None
     """Longest tokenized row in tokens; longer rows are truncated (the task line counts them for causal_lm).
-    Default: 128 for sequence_classification, 1024 for causal_lm (TRL's)."""
+    Default: each family's: 128 for sequence_classification and token_classification, 1024 for causal_lm
+    and dpo (TRL's)."""
     long_documents: LongDocuments = "truncate"
     """A text longer than --max_length: truncate (its first tokens only), or sliding_window: overlapping
     windows of --max_length tokens, each with the tokenizer's special tokens (a pair's long first text is
@@ -138,8 +139,9 @@ class DataArgs:
     def __post_init__(self):
         """Checks of this group's flags alone (values from YAML or Python arrive unchecked)."""
         if self.max_length is None:  # each family's default, recorded resolved
-            decoders = ("causal_lm", "dpo")
-            object.__setattr__(self, "max_length", 1024 if self.task_type in decoders else 128)
+            from finetune.families import config_defaults  # the seam's table: imports nothing
+
+            object.__setattr__(self, "max_length", config_defaults(self.task_type).max_length_tokens)
         if self.max_length <= 0:
             raise ConfigError(f"--max_length must be a positive integer, got {self.max_length}")
         for name in ("max_train_samples", "max_eval_samples"):

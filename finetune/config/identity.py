@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from finetune.config.families import reads
 from finetune.config.model_files import model_files, weight_files
 from finetune.config.train_config import DATA_EXTENSIONS, TrainConfig
 from finetune.errors import ConfigError
@@ -131,12 +132,13 @@ this launch lacks)."""
 
 
 PREFERENCE = ("beta", "loss_type", "simpo_gamma", "rpo_alpha", "ref_model_name_or_path")
-"""DPO's flags: in a dpo run's identity only, so the other families' identities stay as recorded."""
+"""DPO's flags: in the identity of a run whose family reads them (config/families.py OWNERS) only, so the
+other families' identities stay as recorded."""
 
 
 def _compared(flag: str, config: TrainConfig) -> bool:
     if flag in PREFERENCE:
-        return config.task_type == "dpo"
+        return reads(config, flag)
     return flag not in GENERATED or config.predict_with_generate
 
 
@@ -275,10 +277,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def tokenizer_identity(config: TrainConfig) -> str | None:
-    """causal_lm: a digest of the tokenizer files of the model folder and of --chat_template's content,
-    which decide the target tokens (None for classification, whose tokenizer the model folder's digest
-    does not cover either: its runs' identities stay as they were)."""
-    if config.task_type not in ("causal_lm", "dpo"):
+    """A decoder's (its family's `ConfigDefaults.tokenizer_in_identity`): a digest of the tokenizer files
+    of the model folder and of --chat_template's content, which decide the target tokens (None for
+    classification, whose tokenizer the model folder's digest does not cover either: its runs'
+    identities stay as they were)."""
+    from finetune.families import config_defaults  # the seam's table: imports nothing
+
+    if not config_defaults(config.task_type).tokenizer_in_identity:
         return None
     digest = hashlib.sha256()
     folder = Path(config.model_name_or_path)

@@ -15,7 +15,7 @@ import yaml
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-from finetune.config.train_config import TrainConfig, default_of, flag_help
+from finetune.config.train_config import TrainConfig, default_of, flag_help, task_types
 from finetune.distributed.launch_env import launcher_rank
 from finetune.errors import ConfigError
 
@@ -50,6 +50,8 @@ class _Parser(HfArgumentParser):
                 action.nargs, action.const = "?", True  # `--greater_is_better` alone means true
             elif action.dest == "num_train_epochs":
                 action.type = _epochs
+            elif action.dest == "task_type":  # and the registered families' (finetune.families.register)
+                action.choices = list(task_types(tuple(action.choices)))
 
     def error(self, message: str):
         # "argument --max_length/--max-length: invalid int value: 'x'" -> "--max_length: invalid ..."

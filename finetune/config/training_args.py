@@ -165,16 +165,18 @@ eval_perplexity, and with --predict_with_generate eval_exact_match."""
     """Write output_dir/predictions.jsonl: label and probabilities for every row of --test_file. causal_lm:
     {"row", "completion"}, each row's greedy completion (--generation_max_new_tokens) of its `prompt` (a
     string or messages) or its `messages` with the generation prompt (a conversation ending with an
-    assistant turn has that turn generated anew)."""
+    assistant turn has that turn generated anew). dpo: the same, of a file of prompts (or of pairs: their
+    prompts)."""
     predict_with_generate: bool = False
     """causal_lm: at each evaluation also generate every validation row's completion, greedy and batched,
     and report eval_exact_match: the share equal to the reference, both stripped and case-folded (Hugging
     Face Seq2SeqTrainer's name). The prompt: a conversation before its last assistant turn, with the
     generation prompt (the reference: that turn), or the prompt of a prompt-completion row (the completion,
-    or its first assistant message). Not for `text` rows."""
+    or its first assistant message). Not for `text` rows. dpo: every validation pair's prompt, the
+    reference its chosen completion."""
     generation_max_new_tokens: int = 128
-    """causal_lm: the most tokens a generated completion has (--predict_with_generate, --do_predict), and
-    max_new_tokens of the exported generation_config.json."""
+    """causal_lm and dpo: the most tokens a generated completion has (--predict_with_generate,
+    --do_predict), and max_new_tokens of the exported generation_config.json."""
     calibrate: Calibration = "none"
     """temperature: after training (and --load_best_model_at_end), fit one temperature T > 0 on the first
     validation split's logits (least NLL) and divide the exported model's classification layer by it, so

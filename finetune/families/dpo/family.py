@@ -13,11 +13,19 @@ import math
 import torch
 
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
-from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import POSITIONS, head_at
 from finetune.families.causal_lm.family import CausalLM
+from finetune.families.causal_lm.generation import (
+    PROMPTS,
+    Prompts,
+    check_generation,
+    predict_completions,
+    prompt_loaders,
+    with_exact_match,
+)
 from finetune.families.dpo.collate import PAIR_COLUMNS, PairCollator
 from finetune.families.dpo.data import encode_pairs, load_preference_splits
+from finetune.families.dpo.generation import prompt_splits
 from finetune.families.dpo.loss import as_loss_reads, pair_losses, reward_metrics, sequence_logps
 from finetune.families.dpo.precompute import precomputed_logps
 from finetune.families.dpo.reference import Reference
@@ -62,19 +70,16 @@ class DPO:
         self.options = (config.loss_type, config.beta, config.simpo_gamma)
         self.rpo_alpha = config.rpo_alpha
         self.normalises_windows = bool(config.rpo_alpha)
-        return load_preference_splits(config)
+        task, splits = load_preference_splits(config)
+        check_generation(config, task, splits)  # before the model loads: no validation pairs to generate
+        return task, splits
 
     def choose_metric(self, config, task, splits: dict) -> dict:
-        return metric_choice(config, splits, ["eval_loss", *task.metric_keys()], "eval_loss")
+        generated = ["eval_exact_match"] if config.predict_with_generate else []
+        return metric_choice(config, splits, ["eval_loss", *task.metric_keys(), *generated], "eval_loss")
 
     def check(self, config, task, splits: dict) -> None:
-        if config.do_predict:
-            raise ConfigError(
-                "--do_predict: a dpo run does not predict yet; evaluate on --validation_file, or predict "
-                "with the exported model as --task_type causal_lm",
-                flag="--do_predict",
-                fix="drop --do_predict",
-            )
+        """--predict_with_generate without validation pairs refused in `load`, as SFT refuses it."""
 
     def build_model(self, args, task, accelerator, loading: dict, bf16_native: bool, cuda_graphs: str):
         model, tokenizer, backbone, speed = self.lm.build_model(
@@ -117,11 +122,16 @@ class DPO:
         return trained + (2 * non_embedding if per_step else 0)
 
     def tokenize(self, task, splits: dict, tokenizer, config, accelerator) -> dict:
-        return encode_pairs(task, splits, tokenizer, config, accelerator)
+        """The encoded pairs, and the prompts generation reads (`generation.prompt_splits`)."""
+        pairs = {name: split for name, split in splits.items() if name != "test"}
+        encoded = encode_pairs(task, pairs, tokenizer, config, accelerator)
+        return {**encoded, **prompt_splits(task, splits, tokenizer, config)}
 
     def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
         multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
         collator = PairCollator(tokenizer.pad_token_id, multiple, config.max_length)
+        prompts = {name: split for name, split in tokenized.items() if isinstance(split, Prompts)}
+        tokenized = {name: split for name, split in tokenized.items() if name not in prompts}
         loaders = build_dataloaders(
             tokenized, tokenizer, config, world_size, on_gpu, collator=collator, columns=PAIR_COLUMNS
         )
@@ -135,7 +145,7 @@ class DPO:
             chosen = tokenized["train"].select_columns(["chosen_targets"]).to_dict()["chosen_targets"]
             order = loaders["train"].batch_sampler  # data/batching.py RankBatches, before prepare wraps it
             self.totals = WindowTotals(order, {"chosen_tokens": chosen}, config.gradient_accumulation_steps)
-        return loaders
+        return {**loaders, **prompt_loaders(prompts, tokenizer.pad_token_id, config, on_gpu)}
 
     def forward_backward(
         self, model, accelerator, task, batch: dict, batch_divisor: int, graphs=None, window=None
@@ -198,7 +208,8 @@ class DPO:
         return scores, chosen, rejected, pairs, tokens, chosen_nll
 
     def evaluator(self, task, accelerator) -> Evaluator:
-        return functools.partial(self._evaluate, accelerator=accelerator)
+        """The pairs' scores, and with --predict_with_generate eval_exact_match (SFT's)."""
+        return with_exact_match(functools.partial(self._evaluate, accelerator=accelerator), accelerator)
 
     def _evaluate(self, model, eval_loaders: dict, should_stop=None, *, accelerator) -> dict:
         """Collective: eval_loss (the mean loss per pair), eval_rewards/accuracies, margins, chosen and
@@ -232,10 +243,12 @@ class DPO:
         return results
 
     def autocast_loaders(self, eval_loaders: dict) -> dict:
-        return eval_loaders
+        """The scored splits: --predict_with_generate's prompts are generated without autocast already."""
+        return {name: loader for name, loader in eval_loaders.items() if not name.endswith(PROMPTS)}
 
     def predict(self, accelerator, model, loader, task, num_rows: int) -> list[dict]:
-        raise AssertionError("refused in check: a dpo run does not predict")
+        """Collective: the test prompts' greedy completions (SFT's predictions.jsonl)."""
+        return predict_completions(accelerator, model, loader)  # each of the num_rows once, checked
 
     def card_parts(self, config, task, results: dict) -> CardParts:
         model = config.hub_model_id or config.output_dir
