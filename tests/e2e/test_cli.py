@@ -15,29 +15,26 @@ def results_of(output_dir):
     return json.loads((output_dir / "results.json").read_text())
 
 
-def test_plain_python_entry_point(tiny_model_dir, nli_files, tmp_path):
-    out = tmp_path / "out"
-    done = run_cli(
-        [PYTHON, "finetune/mnli.py", *tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "4")]
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert results_of(out)["global_step"] == 4
-    assert f"train_config.json: {out.resolve()}" in done.stdout  # says where everything went
-    # The start-up summary names every speed path, resolved, so a user sees what really ran.
-    summary = next(line for line in done.stdout.splitlines() if line.startswith("world_size="))
-    for path in ("dropout_kernel=packed", "padding_free=", "keep_freed_memory=false", "torch_compile=false",
-                 "group_by_length=true", "fused_adamw=true"):  # fmt: skip
-        assert path in summary, summary
-
-
-def test_accelerate_launch_with_the_cpu_config(tiny_model_dir, nli_files, tmp_path):
+def test_accelerate_launch_with_the_cpu_config_runs_the_plain_python_entry_point(
+    tiny_model_dir, nli_files, tmp_path
+):
+    """`accelerate launch --config_file accelerate_configs/cpu.yaml finetune/mnli.py`: its simple launcher
+    runs `python finetune/mnli.py` (the script's folder first on sys.path), so one run is both entry
+    points (each had a run of its own); a run without accelerate's environment is `python -m finetune`
+    (tests/e2e/idle_runs.py) and every in-process main()."""
     out = tmp_path / "out"
     launcher = [os.path.join(BIN, "accelerate"), "launch", "--config_file", "accelerate_configs/cpu.yaml"]
     done = run_cli(
         [*launcher, "finetune/mnli.py", *tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "4")]
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert results_of(out)["world_size"] == 1
+    assert (results_of(out)["world_size"], results_of(out)["global_step"]) == (1, 4)
+    assert f"train_config.json: {out.resolve()}" in done.stdout  # says where everything went
+    # The start-up summary names every speed path, resolved, so a user sees what really ran.
+    summary = next(line for line in done.stdout.splitlines() if line.startswith("world_size="))
+    for path in ("dropout_kernel=packed", "padding_free=", "keep_freed_memory=false", "torch_compile=false",
+                 "group_by_length=true", "fused_adamw=true"):  # fmt: skip
+        assert path in summary, summary
 
 
 def test_demo_data_module_is_runnable(tmp_path):
