@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
-from transformers import enable_full_determinism, get_scheduler
 
 from finetune.config.identity import run_identity
 from finetune.config.output_args import resolve_logging_steps
@@ -56,6 +55,7 @@ from finetune.output.writing import writing
 from finetune.speed.compile import compile_cache_line, compile_counts
 from finetune.speed.cuda_graphs import cuda_graphs_for
 from finetune.speed.hardware import bf16_is_fast
+from finetune.speed.startup import enable_full_determinism, get_scheduler  # without peft's import
 from finetune.training.best import as_exported, evaluate_as_exported, training_outcome, use_best_model
 from finetune.training.checkpoint import TrainState, load_checkpoint, resolve_resume
 from finetune.training.loop import Run, train

@@ -1,7 +1,9 @@
+import subprocess
+
 import pytest
 
 from finetune.speed.malloc import is_glibc
-from tests.helpers import tiny_args
+from tests.helpers import PYTHON, REPO, tiny_args
 from tests.warm_ranks import run_warm
 
 GLIBC = is_glibc()
@@ -21,3 +23,37 @@ def test_cpu_run_reuses_freed_memory_without_page_faults(keep, tiny_model_dir, n
         assert refill < fresh // 10, (refill, fresh)
     else:  # glibc maps the block afresh and the kernel faults it in as it would any new mapping
         assert refill > fresh // 2, (refill, fresh)
+
+
+STARTUP_PROBE = """
+import sys
+import finetune.cli  # what `python -m finetune` and each rank import before the flags are read
+import finetune.run
+print("imported:", "peft" in sys.modules, "bitsandbytes" in sys.modules)
+from transformers.utils import is_peft_available
+print("peft available:", is_peft_available())  # to transformers' own peft integration
+from transformers import AutoModelForSequenceClassification, BertConfig
+from transformers.trainer_utils import _is_peft_model
+from finetune.speed.startup import get_scheduler
+plain = AutoModelForSequenceClassification.from_config(
+    BertConfig(vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8)
+)
+from peft import LoraConfig, get_peft_model
+adapted = get_peft_model(plain, LoraConfig(r=2, target_modules=["query"], task_type="SEQ_CLS"))
+print("peft model:", _is_peft_model(plain.base_model), _is_peft_model(adapted))
+"""
+
+
+@pytest.mark.subprocess
+def test_a_process_imports_neither_peft_nor_bitsandbytes_until_a_run_asks(tmp_path):
+    """transformers' schedulers import peft (and peft bitsandbytes, whose ops import torch's inductor)
+    for every process, LoRA or not: about half of the CPU of importing the run. finetune imports them with
+    peft hidden (finetune/speed/startup.py), and Trainer's check for a peft model still answers."""
+    done = subprocess.run(
+        [PYTHON, "-c", STARTUP_PROBE], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert "imported: False False" in lines
+    assert "peft model: False True" in lines
+    assert "peft available: True" in lines
