@@ -2,7 +2,8 @@
 reference both sharded, each rank about half of each (the reference too: Accelerate's evaluation-mode
 prepare alone would leave a whole copy on every rank); the logged losses, rewards/* and the evaluation
 equal DDP's to float tolerance; the reference never trains. LoRA (fsdp_lora.yaml): the reference is the
-sharded policy with its adapters disabled, DDP's losses and rewards again."""
+sharded policy with its adapters disabled, DDP's losses and rewards again. --precompute_ref_log_probs
+with shares of unequal batch counts: every rank's sharded forwards pair up, DDP's figures."""
 
 from __future__ import annotations
 
@@ -56,6 +57,19 @@ def test_dpo_under_fsdp_shards_the_policy_and_its_reference_and_trains_as_ddp(pr
     assert sum(s["parameters"] for s in shares) == whole
     assert all(abs(s["parameters"] - whole / 2) < 0.01 * whole for s in shares)
     assert all(s["sharded_tensors"] == s["tensors"] > 0 and s["trainable_tensors"] == 0 for s in shares)
+
+    # Precomputed by the sharded copy: 13 pairs in shares of 7 and 6, 2 a batch, so one rank has a batch
+    # fewer and runs one more forward (the all-gathers pair up), and both train as DDP.
+    precompute = ("--precompute_ref_log_probs", "true", "--per_device_eval_batch_size", "2")
+    like_ddp(
+        prefs,
+        tmp_path,
+        "precomputed",
+        "fsdp.yaml",
+        "--ref_model_name_or_path",
+        str(prefs["reference"]),
+        *precompute,
+    )
 
     config, _ = like_ddp(prefs, tmp_path, "lora", "fsdp_lora.yaml", "--use_peft", "true")
     assert config["backbone"]["reference"] == "the policy with its LoRA adapters disabled"
