@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 # Extra flags for `make train`, e.g. make train ARGS="--per_device_train_batch_size 16"
 ARGS ?=
 
-.PHONY: install slurm demo demo-sft train test test-quick bench bench-sft bench-sft-quality bench-steps bench-threads lint format flags clean
+.PHONY: install slurm demo demo-sft train test test-quick bench bench-sft bench-sft-quality bench-steps bench-threads bench-memory lint format flags clean
 
 install: $(VENV)/.installed
 
@@ -81,6 +81,11 @@ bench-steps: install
 # torch's threads with 0, 1 and 2 CPU-bound neighbours on the cores (the busy-machine rule); ~6 minutes.
 bench-threads: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_threads $(ARGS)
+
+# Peak RSS per rank of SFT on 2 CPU ranks: DDP vs FSDP2, full vs LoRA vs QLoRA, chunked loss or not, at
+# --max_length 1024 and 2048 (ARGS="--model 1b": a random ~1B decoder, FSDP2 vs DDP). Idle machine only.
+bench-memory: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_memory $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -201,3 +201,37 @@ def fit_block_class(accelerator: Accelerator, model) -> str | None:
         f"{type(model).__name__} lacks; FSDP wraps its block class {','.join(blocks)} (leave the setting "
         "out of the accelerate config to take the model's own)"
     )
+
+
+def shard_frozen(accelerator: Accelerator, model):
+    """Collective under FSDP2: a model no optimizer holds (DPO's frozen reference) sharded into the units
+    the policy's `prepare` makes (its block classes, as `fit_block_class` picks them for this model), with
+    the same mixed-precision policy. Accelerate's `prepare_model(evaluation_mode=True)` shards nothing
+    under FSDP2 (its FSDP2 path needs an optimizer), so each rank would hold the whole copy. The model
+    unchanged without FSDP2."""
+    if not accelerator.is_fsdp2:
+        return model
+    from accelerate.utils import fsdp2_prepare_model
+
+    # The policy's classes, or this model's own where it lacks them (a --ref_model_name_or_path of
+    # another architecture): no notice, the user named no class for it.
+    fit_block_class(accelerator, model)
+    return fsdp2_prepare_model(accelerator, model)
+
+
+def model_shares(accelerator: Accelerator, model) -> list[dict] | None:
+    """Collective: under FSDP, every rank's elements of `model`'s parameters (trainable or not) beside
+    the whole, and how many of its tensors are sharded; None without FSDP. For a model outside the
+    optimizer, which `shard_record` does not see (DPO's reference: `fsdp_reference_shards`)."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        return None
+    params = list(model.parameters())
+    mine = {
+        "rank": accelerator.process_index,
+        "parameters": sum(_local_elements(p) for p in params),
+        "whole_parameters": sum(p.numel() for p in params),
+        "sharded_tensors": sum(isinstance(p, DTensor) for p in params),
+        "tensors": len(params),
+        "trainable_tensors": sum(p.requires_grad for p in params),
+    }
+    return gather_object([mine])

@@ -163,14 +163,19 @@ def resolve_chunked_loss(
     can be: the unit tests give the same loss and gradients, its cost is one recomputed matmul per chunk
     of a micro-batch that holds more than one (one that fits a chunk runs whole, unchanged), and what it
     saves is the batch's largest tensor; its speed is to be measured. true is refused where it cannot be.
-    `sharded` (FSDP): off, as yet: the chunks call the output layer after the root module's forward, and
-    whether its parameters are still gathered then is not yet tested on a GPU."""
+    `sharded` (FSDP): off. The chunks call the output layer after the root module's forward, outside the
+    forward FSDP2 gathers its unit's parameters for and frees them after: tried on 2 CPU ranks (torch
+    2.13, accelerate 1.15), the first backward dies of SIGSEGV on both ranks, even with every target in
+    one chunk (nothing recomputed), where the unchunked FSDP run trains."""
     if args.chunked_loss == "false":
         return None
     if compiled:
         why = "a compiled model's forward keeps its output layer (a hook would recompile it)"
     elif sharded:
-        why = "under FSDP the chunks are not yet tested (they call the output layer after the forward)"
+        why = (
+            "under FSDP2 the chunks call the output layer after the forward, whose backward then reads "
+            "parameters FSDP has freed (it crashes)"
+        )
     elif not head_at_targets or not chunks_the_loss(model):
         why = (
             f"{model.config.model_type}'s logits are not its output layer's alone (a scale after it, or a "

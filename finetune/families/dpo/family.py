@@ -13,6 +13,7 @@ import math
 import torch
 
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
+from finetune.distributed.fsdp import model_shares
 from finetune.families.causal_lm.batches import POSITIONS, head_at
 from finetune.families.causal_lm.family import CausalLM
 from finetune.families.causal_lm.generation import (
@@ -61,6 +62,9 @@ class DPO:
         `dataloaders` for `after_prepare`."""
         self.precomputed: dict | None = None
         """{split: {"logps": [rows, 2], "counts": [rows, 2]}}: the reference's, by the pairs' `row`."""
+        self.reference_shares: list[dict] | None = None
+        """Under FSDP: each rank's share of the frozen copy (`after_prepare`), as fsdp_shards is the
+        policy's; the record's `fsdp_reference_shards`."""
 
     def load(self, config):
         if config.chat_template:
@@ -97,6 +101,8 @@ class DPO:
         """Collective: the reference placed, cast (and sharded) as the prepared policy; with
         --precompute_ref_log_probs its log-probs of every pair (`precompute.py`), and a frozen copy let go."""
         self.reference.prepare(accelerator)
+        if self.reference.model is not None:  # train_config.json's: what each rank holds of the copy
+            self.reference_shares = model_shares(accelerator, self.reference.model)
         if self.precompute is None:
             return
         config, splits, collator = self.precompute
@@ -278,7 +284,7 @@ class DPO:
         return "preference tuning"
 
     def record_extras(self, task) -> dict:
-        return {}
+        return {"fsdp_reference_shards": self.reference_shares} if self.reference_shares else {}
 
     def fit_batch_size(self, config, model, train, tokenizer, accelerator) -> tuple[dict, str]:
         raise NotImplementedError("--auto_find_batch_size is refused for dpo (config/families.py)")

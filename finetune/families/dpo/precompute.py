@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import DistributedType, gather_object
 from torch.utils.data import DataLoader
 
 from finetune.config.identity import run_identity
@@ -44,16 +44,17 @@ def precomputed_logps(accelerator, config, splits: dict, collator, compute) -> d
         share = split.select(
             range(rank, len(split), world)
         )  # every rank its rows, the same count or one less
-        rows = []
+        rows, last = [], None
         loader = DataLoader(share, batch_size=config.per_device_eval_batch_size, collate_fn=collator)
         for batch in loader:
             numbers = batch.pop("row").tolist()
-            batch = {k: v.to(accelerator.device) for k, v in batch.items()}
-            logps, counts = compute(batch)
+            batch = last = {k: v.to(accelerator.device) for k, v in batch.items()}
+            logps, counts = compute(dict(batch))
             pairs = len(numbers)
             for i, number in enumerate(numbers):
                 sides = (float(logps[i]), float(logps[pairs + i]), int(counts[i]), int(counts[pairs + i]))
                 rows.append((number, *sides))
+        _even_forwards(accelerator, config, split, collator, compute, len(loader), last)
         everything = sorted(gather_object(rows))
         size = max(number for number, *_ in everything) + 1 if everything else 0  # by the rows' `row`
         table = torch.zeros(size, 2)
@@ -66,3 +67,16 @@ def precomputed_logps(accelerator, config, splits: dict, collator, compute) -> d
         torch.save({"key": key, "splits": found}, path)
     accelerator.wait_for_everyone()
     return found
+
+
+def _even_forwards(accelerator, config, split, collator, compute, done: int, last) -> None:
+    """Collective under FSDP: a sharded model's forward all-gathers, so every rank runs as many as the
+    rank with the most rows (a share is one row short on some ranks); the extra ones score a batch again
+    and are dropped. Nothing without FSDP."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        return
+    most = -(-len(split) // accelerator.num_processes)  # rows of the largest share
+    for _ in range(-(-most // config.per_device_eval_batch_size) - done):
+        if last is None:  # this rank had no row at all
+            last = {k: v.to(accelerator.device) for k, v in collator([split[0]]).items() if k != "row"}
+        compute(dict(last))

@@ -9,6 +9,7 @@ import copy
 import torch
 from transformers import AutoModelForCausalLM
 
+from finetune.distributed.fsdp import shard_frozen
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import head_at
 from finetune.families.dpo.loss import sequence_logps
@@ -46,6 +47,7 @@ class Reference:
         is; kept out of the checkpoints' models (it is the starting model, never changed)."""
         if self.model is None:
             return
+        self.model = shard_frozen(accelerator, self.model)  # prepare_model alone leaves it whole
         self.model = accelerator.prepare_model(self.model, evaluation_mode=True)
         accelerator._models.remove(self.model)  # save_state writes each model it lists
 
