@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 # Extra flags for `make train`, e.g. make train ARGS="--per_device_train_batch_size 16"
 ARGS ?=
 
-.PHONY: install slurm demo demo-sft train test test-quick bench bench-sft bench-sft-quality bench-steps lint format flags clean
+.PHONY: install slurm demo demo-sft demo-dpo train test test-quick bench bench-sft bench-sft-quality bench-steps lint format flags clean
 
 install: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ demo: install
 # Generative fine-tuning, offline: LoRA on SmolLM2-135M-Instruct (its GGUF file) with generated chats.
 demo-sft: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.demo_sft
+
+# Preference tuning, offline: SFT of SmolLM2-135M-Instruct, then DPO (LoRA) on its export with generated pairs.
+demo-dpo: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.demo_dpo
 
 # The real recipe (bert-base-cased on GLUE MNLI, 3 epochs); needs the Hugging Face Hub.
 train: install
