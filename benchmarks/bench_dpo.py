@@ -72,11 +72,13 @@ def mean_pair_tokens(model: Path, train: Path) -> float:
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     rows = [json.loads(line) for line in train.read_text().splitlines()]
+    # Rendered to text, then tokenized: apply_chat_template(tokenize=True) gives a dict in transformers 5.
     total = sum(
-        len(tokenizer.apply_chat_template(row["prompt"] + row[side], tokenize=True))
+        len(tokenizer(tokenizer.apply_chat_template(row["prompt"] + row[side], tokenize=False),
+                      add_special_tokens=False).input_ids)
         for row in rows
         for side in ("chosen", "rejected")
-    )
+    )  # fmt: skip
     return total / len(rows)
 
 
