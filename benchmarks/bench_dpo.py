@@ -21,7 +21,7 @@ as the chat template renders them: one count for both tools), peak RSS, the fina
 and eval_rewards/margins, and each toolkit run's ratios against each TRL run of its kind.
 
     python -m benchmarks.bench_dpo [--max_steps 20] [--repeats 2] [--runs toolkit,trl,trl_no_gc]
-    python -m benchmarks.bench_dpo --max_steps 2 --repeats 1          # smoke: every run once
+    python -m benchmarks.bench_dpo --max_steps 2 --repeats 1 --validation_rows 8   # smoke: every run once
 """
 
 from __future__ import annotations
@@ -211,6 +211,7 @@ def parse(argv: list[str] | None = None):
     parser.add_argument("--precompute_ref_log_probs", action="store_true", help="both tools'")
     parser.add_argument("--max_length", type=int, default=256)
     parser.add_argument("--train_rows", type=int, default=400)
+    parser.add_argument("--validation_rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--trl_python", default=".venv-trl/bin/python")
     parser.add_argument("--output", default="bench_dpo.json")
@@ -234,7 +235,7 @@ def main() -> None:
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "finetune-bench" / "smollm2-135m"
     model = plain_model(cache)
     data = Path(tempfile.mkdtemp(prefix="bench-dpo-data-"))
-    for name, count, seed in (("train", args.train_rows, 0), ("validation", 64, 1)):
+    for name, count, seed in (("train", args.train_rows, 0), ("validation", args.validation_rows, 1)):
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs(count, seed)))
     tokens_per_pair = mean_pair_tokens(model, data / "train.jsonl")
     measured = {run: [] for run in runs}
