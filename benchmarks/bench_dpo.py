@@ -149,10 +149,12 @@ def run_trl(args, files: dict, out: Path, lora: bool, checkpointing: bool | None
     )
     trained = trainer.train()
     evaluated = trainer.evaluate()
+    # from the runtime: Trainer rounds train_samples_per_second to 3 decimals
+    pairs_trained = args.max_steps * args.batch_size * args.accumulation
     trainer.save_model(str(out / "model"))  # as the toolkit exports its model: what a user keeps
     return {
         "train_seconds": trained.metrics["train_runtime"],
-        "pairs_per_second": trained.metrics["train_samples_per_second"],
+        "pairs_per_second": pairs_trained / trained.metrics["train_runtime"],
         "eval_rewards/accuracies": evaluated["eval_rewards/accuracies"],
         "eval_rewards/margins": evaluated["eval_rewards/margins"],
         "gradient_checkpointing": bool(config.gradient_checkpointing),  # what the run got, default or not
