@@ -1,6 +1,8 @@
 # `make demo` and `make test` work on a fresh machine: each installs what it needs into .venv.
 PYTHON ?= python3
 VENV ?= .venv
+# make bench-dpo's TRL, in a virtualenv of its own
+TRL_VENV ?= .venv-trl
 BIN := $(VENV)/bin
 # The CPU wheel goes in first: an unpinned torch, asked for by any dependency, would pull
 # several GB of CUDA packages. GPU users: install the CUDA torch you want, then `pip install -e .`
@@ -8,7 +10,7 @@ TORCH ?= torch==2.13.0
 # Extra flags for `make train`, e.g. make train ARGS="--per_device_train_batch_size 16"
 ARGS ?=
 
-.PHONY: install slurm demo demo-sft train test test-quick bench bench-sft bench-sft-quality bench-steps bench-threads bench-memory lint format flags clean
+.PHONY: install slurm demo demo-sft demo-dpo train test test-quick bench bench-sft bench-dpo bench-sft-quality bench-steps bench-threads bench-memory lint format flags clean
 
 install: $(VENV)/.installed
 
@@ -27,6 +29,10 @@ demo: install
 # Generative fine-tuning, offline: LoRA on SmolLM2-135M-Instruct (its GGUF file) with generated chats.
 demo-sft: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.demo_sft
+
+# Preference tuning, offline: SFT of SmolLM2-135M-Instruct, then DPO (LoRA) on its export with generated pairs.
+demo-dpo: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m finetune.demo_dpo
 
 # The real recipe (bert-base-cased on GLUE MNLI, 3 epochs); needs the Hugging Face Hub.
 train: install
@@ -68,6 +74,19 @@ bench-sft: install
 	$(BIN)/pip install --quiet trl
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_sft $(ARGS)
 
+# Preference tuning vs TRL's DPOTrainer on SmolLM2-135M (same pairs and settings; full fine-tuning and LoRA;
+# TRL with its default activation checkpointing and without), alternating rounds.
+bench-dpo: install $(TRL_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_dpo --trl_python $(TRL_VENV)/bin/python $(ARGS)
+
+# TRL in a virtualenv of its own: its transformers and peft are the ones it resolves, not this package's pins;
+# the same CPU torch first, as in install.
+$(TRL_VENV)/.installed:
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install --quiet "$(TORCH)"
+	$(TRL_VENV)/bin/pip install --quiet trl peft
+	touch $@
+
 # Does SFT's exported model learn as well as TRL's? Both train on sums for 3 seeds; one judge scores both
 # (answer loss per token, greedy exact match on held-out questions). About 20 minutes on 2 cores.
 bench-sft-quality: install
@@ -96,4 +115,4 @@ format: install
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(TRL_VENV) outputs .pytest_cache .ruff_cache
