@@ -74,8 +74,10 @@ def busy_cores_notice(load_1min: float, cores: int, threads: int) -> str | None:
     """A line when the 1-minute load average is above the `cores` this process may run on (other jobs
     share them) while torch runs `threads` intra-op threads: each op's threads then wait for each other's
     turn on a core. On this project's 2 shared cores, with other jobs running, the same 10 steps took
-    171.8 s with torch's default threads and 12.1 s with OMP_NUM_THREADS=1 (not yet a rule: which thread
-    count to pick needs measuring on a quiet machine). None when the cores are free or one thread runs."""
+    171.8 s with torch's default threads and 12.1 s with OMP_NUM_THREADS=1; `make bench-threads` measured
+    one thread 1.7x faster beside one CPU-bound neighbour and 5.1x beside two, 1.46x slower beside none
+    (docs/log.md, 2026-12-02; not yet applied by the product). None when the cores are free or one thread
+    runs."""
     if threads <= 1 or load_1min <= cores:
         return None
     return (
