@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from finetune.cli import main as run_main
-from finetune.demo_sft import ASKED, GGUF_FILE, conversations, smollm2_folder
+from finetune.demo_sft import ASKED, GGUF_FILE, conversations, smollm2_folder, try_chat
 from finetune.errors import ConfigError, TrainingFailed
 
 OUTPUT_DIR = Path("outputs/demo-dpo")
@@ -110,10 +110,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"  SFT:     {OUTPUT_DIR / 'sft'} (LoRA merged), the DPO run's starting model and reference\n"
         f"  model:   {dpo}/model.safetensors (LoRA merged; adapter/ beside it), tokenizer, chat template\n"
         f"  results: {dpo}/results.json, per-step log (rewards/*, logps/*) {dpo}/metrics.jsonl\n"
-        f'  try it:  python -c "from transformers import pipeline; '
-        f"print(pipeline('text-generation', model='{dpo}')"
-        f"([{{'role': 'user', 'content': 'What is 12 plus 30?'}}], max_new_tokens=12)"
-        "[0]['generated_text'][-1])\""
+        f"  try it:  {try_chat(dpo)}"
     )
     return results
 

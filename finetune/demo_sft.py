@@ -42,6 +42,16 @@ def smollm2_folder() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def try_chat(model_dir) -> str:
+    """The demo's closing command: the exported chat model asked one question through `pipeline`."""
+    return (
+        'python -c "from transformers import pipeline; '
+        f"print(pipeline('text-generation', model='{model_dir}')"
+        f"([{{'role': 'user', 'content': 'What is 12 plus 30?'}}], max_new_tokens=12)"
+        "[0]['generated_text'][-1])\""
+    )
+
+
 def main(argv: list[str] | None = None) -> dict:
     tic = time.perf_counter()
     data = OUTPUT_DIR / "data"
@@ -77,10 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"  model:   {OUTPUT_DIR}/model.safetensors (LoRA merged; adapter/ beside it), tokenizer, "
         "chat template\n"
         f"  results: {OUTPUT_DIR}/results.json, per-step log {OUTPUT_DIR}/metrics.jsonl\n"
-        f'  try it:  python -c "from transformers import pipeline; '
-        f"print(pipeline('text-generation', model='{OUTPUT_DIR}')"
-        f"([{{'role': 'user', 'content': 'What is 12 plus 30?'}}], max_new_tokens=12)"
-        "[0]['generated_text'][-1])\""
+        f"  try it:  {try_chat(OUTPUT_DIR)}"
     )
     return results
 
