@@ -3,12 +3,14 @@
 A new user on a shared 2-core machine saw the same 10 MiniLM steps take 171.8 s with torch's default
 threads and 12.1 s with OMP_NUM_THREADS=1 while other jobs ran (#60). Which thread count to choose is
 measured here: the same short MNLI run (MiniLM, --max_train_steps, no evaluation) as a whole process,
-with 0, 1 and 2 neighbours (each a CPU-bound Python loop, as another job's training is), once with
-torch's default threads (one per core this process may use) and once with each thread count below it.
+with 0, 1 and 2 neighbours (each a CPU-bound Python loop, as another job's training is), once with the
+product's own choice (OMP_NUM_THREADS unset: a thread per free core, finetune/speed/threads.py) and once
+with each thread count from torch's default (one per core this process may use) down to one.
 Rounds alternate the order of the thread counts, so a drift of the machine favours neither.
 
 Printed per (neighbours, threads): the median training seconds (results.json's train_runtime_s) and
-whole-process seconds, and each thread count's ratio against the default at the same neighbours.
+whole-process seconds, the threads the run had, and each count's ratio against torch's default at the
+same neighbours.
 
     python -m benchmarks.bench_threads [--steps 8] [--repeats 2] [--neighbours 0,1,2]
 """
@@ -32,7 +34,7 @@ BUSY_LOOP = "while True: pass"
 
 
 def run_once(args, threads: int | None) -> dict:
-    """One whole training process; `threads` None: torch's default (OMP_NUM_THREADS unset)."""
+    """One whole training process; `threads` None: the product's choice (OMP_NUM_THREADS unset)."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -70,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     args.model = args.model or _packaged_minilm()
     cores = len(os.sched_getaffinity(0))
-    choices = [None, *range(cores - 1, 0, -1)]  # the default (one per core), then fewer
+    choices = [None, *range(cores, 0, -1)]  # the product's choice, then torch's default (one per core) down
     figures: dict = {}
     for neighbours in [int(n) for n in args.neighbours.split(",")]:
         busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(neighbours)]
@@ -80,23 +82,24 @@ def main() -> None:
                 for threads in choices if round_ % 2 == 0 else choices[::-1]:
                     measured = run_once(args, threads)
                     figures.setdefault((neighbours, threads), []).append(measured)
-                    print(f"neighbours={neighbours} threads={threads or 'default'}: {measured}", flush=True)
+                    print(f"neighbours={neighbours} threads={threads or 'auto'}: {measured}", flush=True)
         finally:
             for process in busy:
                 process.kill()
                 process.wait()
     print(f"\n{cores} cores; {args.steps} steps of MiniLM on MNLI, batch 16; medians of {args.repeats}")
-    print("neighbours  threads   train_s  whole_s  train vs default")
+    print(f"neighbours  threads   train_s  whole_s  train vs {cores} threads (torch's default)")
     summary = []
     for (neighbours, threads), runs in figures.items():
         train_s = statistics.median(r["train_s"] for r in runs)
         whole_s = statistics.median(r["whole_s"] for r in runs)
-        default = statistics.median(r["train_s"] for r in figures[(neighbours, None)])
+        default = statistics.median(r["train_s"] for r in figures[(neighbours, cores)])
         ratio = train_s / default
-        shown = threads or f"default ({cores})"
+        had = sorted({r["threads"] for r in runs})
+        shown = threads or f"auto (ran {','.join(map(str, had))})"
         summary.append({"neighbours": neighbours, "threads": shown, "train_s": train_s, "whole_s": whole_s,
-                        "train_vs_default": ratio})  # fmt: skip
-        print(f"{neighbours:>10}  {threads or 'default':>7}  {train_s:8.1f}  {whole_s:7.1f}  {ratio:6.2f}x")
+                        "train_vs_torch_default": ratio})  # fmt: skip
+        print(f"{neighbours:>10}  {shown:>7}  {train_s:8.1f}  {whole_s:7.1f}  {ratio:6.2f}x")
     print(json.dumps({"cores": cores, "steps": args.steps, "repeats": args.repeats, "runs": summary}))
 
 

@@ -56,6 +56,7 @@ from finetune.speed.compile import compile_cache_line, compile_counts
 from finetune.speed.cuda_graphs import cuda_graphs_for
 from finetune.speed.hardware import bf16_is_fast
 from finetune.speed.startup import enable_full_determinism, get_scheduler  # without peft's import
+from finetune.speed.threads import apply_threads, threads_notice
 from finetune.training.best import as_exported, evaluate_as_exported, training_outcome, use_best_model
 from finetune.training.checkpoint import TrainState, load_checkpoint, resolve_resume
 from finetune.training.loop import Run, train
@@ -161,6 +162,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
     if args.full_determinism:  # before the accelerator creates CUDA's handles: cuBLAS reads its variable once
         enable_full_determinism(args.seed)
     accelerator = build_accelerator(args, trackers)
+    # torch's threads from the cores other jobs leave free (speed/threads.py), before the model's first op
+    threads_line = threads_notice(apply_threads()) if accelerator.device.type == "cpu" else None
     world_size = accelerator.num_processes
     set_seed(args.seed)
     bf16_native = bf16_is_fast()
@@ -254,6 +257,8 @@ def setup(args: TrainConfig, identity: dict | None = None) -> Run:
             print(batch_notice)
         if wrap_notice:
             print(wrap_notice)
+        if threads_line:
+            print(threads_line)
         print(run_summary(accelerator, config, plan, resume, state.global_step))
         print(describe_parameters(parameters))
         print(task.summary())

@@ -122,6 +122,7 @@ def describe_runtime(accelerator) -> dict:
         **({"fsdp_gate_lifted": True} if gate_lifted(accelerator) else {}),
         # What the CPU rules saw (finetune/speed/hardware.py): results from another class differ in speed.
         **({"cpu_class": cpu_class()} if accelerator.device.type == "cpu" else {}),
+        **({"torch_threads": torch.get_num_threads()} if accelerator.device.type == "cpu" else {}),
     }
 
 

@@ -12,7 +12,7 @@ from finetune.config.families import reads
 from finetune.config.train_config import TrainConfig
 from finetune.data.tasks import Task, eval_key
 from finetune.distributed.fsdp import describe_fsdp
-from finetune.speed.hardware import busy_cores_notice, cores_load, cpu_class
+from finetune.speed.hardware import cpu_class
 
 
 def quiet_libraries() -> None:
@@ -51,9 +51,8 @@ def quiet_libraries() -> None:
 
 def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int) -> str:
     """One line, printed once by the main process: what this job really got, every speed path named;
-    then, each on a line of its own, a resumed run's checkpoint and step, and a notice where other jobs
-    keep this process's cores busy."""
-    # torch's intra-op threads: on cores other jobs share, the thread count decides the speed.
+    then, on a line of its own, a resumed run's checkpoint and step."""
+    # torch's intra-op threads (speed/threads.py): on cores other jobs share, they decide the speed.
     cpu = (
         f"cpu_class={cpu_class()} torch_threads={torch.get_num_threads()} "
         if accelerator.device.type == "cpu"
@@ -65,9 +64,8 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"mixed_precision={accelerator.mixed_precision} "
     )
     weights = f"torch_dtype={config.torch_dtype} attn_implementation={config.attn_implementation}"
-    busy = busy_cores_notice(*cores_load(), torch.get_num_threads()) if cpu else None
     if not config.do_train:
-        return "\n".join(filter(None, [_evaluation_line(job, config, weights), busy]))
+        return _evaluation_line(job, config, weights)
     line = job + (
         f"per_device_batch={config.per_device_train_batch_size} global_batch={plan.global_batch_size} "
         f"steps={plan.total_updates} "
@@ -85,7 +83,7 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         why = "no validation rows given, so " if unjudged else ""
         line += f" eval_strategy=no ({why}nothing is evaluated; the last step's model is exported)"
     resumed = f"resuming from {resume} at step {global_step}" if resume else None  # a line of its own
-    return "\n".join(filter(None, [line, resumed, busy]))
+    return "\n".join(filter(None, [line, resumed]))
 
 
 def _evaluation_line(job: str, config: TrainConfig, weights: str) -> str:

@@ -13,7 +13,6 @@ The classes this project's machines come in, and what the rules make of them:
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -68,25 +67,3 @@ def cpu_class() -> str:
     if features.avx512:
         return "AVX-512"
     return "AVX2" if features.avx2 else "baseline"  # baseline: older x86, or not x86 (ARM)
-
-
-def busy_cores_notice(load_1min: float, cores: int, threads: int) -> str | None:
-    """A line when the 1-minute load average is above the `cores` this process may run on (other jobs
-    share them) while torch runs `threads` intra-op threads: each op's threads then wait for each other's
-    turn on a core. On this project's 2 shared cores, with other jobs running, the same 10 steps took
-    171.8 s with torch's default threads and 12.1 s with OMP_NUM_THREADS=1; `make bench-threads` measured
-    one thread 1.7x faster beside one CPU-bound neighbour and 5.1x beside two, 1.46x slower beside none
-    (docs/log.md, 2026-12-02; not yet applied by the product). None when the cores are free or one thread
-    runs."""
-    if threads <= 1 or load_1min <= cores:
-        return None
-    return (
-        f"note: the cores are busy (1-minute load average {load_1min:.1f} on the {cores} this process may "
-        f"use) and torch runs {threads} threads per process, which then wait on each other; "
-        "OMP_NUM_THREADS=1 can be several times faster here"
-    )
-
-
-def cores_load() -> tuple[float, int]:
-    """The 1-minute load average and the cores this process may run on (its affinity, not the machine's)."""
-    return os.getloadavg()[0], len(os.sched_getaffinity(0))

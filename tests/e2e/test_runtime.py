@@ -1,9 +1,11 @@
+import json
+import os
 import subprocess
 
 import pytest
 
 from finetune.speed.malloc import is_glibc
-from tests.helpers import PYTHON, REPO, tiny_args
+from tests.helpers import PYTHON, REPO, run_cli, tiny_args
 from tests.warm_ranks import run_warm
 
 GLIBC = is_glibc()
@@ -57,3 +59,32 @@ def test_a_process_imports_neither_peft_nor_bitsandbytes_until_a_run_asks(tmp_pa
     assert "imported: False False" in lines
     assert "peft model: False True" in lines
     assert "peft available: True" in lines
+
+
+def _idle_priority() -> None:
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+@pytest.mark.subprocess
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: one thread whatever is busy")
+def test_a_run_beside_busy_cores_gives_torch_a_thread_per_free_core(tiny_model_dir, nli_files, tmp_path):
+    """A fresh process started while other jobs keep every core busy runs torch with one thread (a thread
+    per free core, at least one: make bench-threads measured that fastest), and says why on its own line.
+    The jobs spin at SCHED_IDLE, on CPU nothing else wants: the run and the other tests go first."""
+    cores = len(os.sched_getaffinity(0))
+    loop = [PYTHON, "-c", "while True: pass"]
+    jobs = [subprocess.Popen(loop, preexec_fn=_idle_priority) for _ in range(cores)]
+    try:
+        out = tmp_path / "out"
+        flags = tiny_args(tiny_model_dir, nli_files, out, "--max_train_steps", "1", "--eval_strategy", "no")
+        # OMP_NUM_THREADS empty: unset for libgomp and for the rule (the tests' own 1 would be kept)
+        done = run_cli([PYTHON, "-m", "finetune", *flags], env={"OMP_NUM_THREADS": ""})
+    finally:
+        for job in jobs:
+            job.kill()
+            job.wait()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((out / "results.json").read_text())["torch_threads"] == 1
+    start = next(line for line in done.stdout.splitlines() if line.startswith("world_size=1"))
+    assert " torch_threads=1 " in start
+    assert "busy as it started, so torch runs 1 thread " in done.stdout

@@ -1,9 +1,14 @@
 """--keep_freed_memory auto. Its effect on a process: tests/e2e/test_runtime.py."""
 
-import os
+import dataclasses
 
-from finetune.speed.hardware import busy_cores_notice, cores_load
 from finetune.speed.malloc import resolve_keep_freed_memory
+from finetune.speed.threads import (
+    ThreadChoice,
+    choose_threads,
+    threads_for,
+    threads_notice,
+)
 
 
 def test_keep_freed_memory_auto_follows_the_training_precision():
@@ -15,15 +20,27 @@ def test_keep_freed_memory_auto_follows_the_training_precision():
     assert resolve_keep_freed_memory("false", "cpu", "bf16") == "false"
 
 
-def test_busy_cores_are_said_only_where_torch_runs_several_threads_on_them():
-    notice = busy_cores_notice(5.6, 2, 2)
-    assert notice.startswith("note: the cores are busy (1-minute load average 5.6 on the 2 this process")
-    assert "torch runs 2 threads per process" in notice and "OMP_NUM_THREADS=1" in notice
-    assert busy_cores_notice(1.9, 2, 2) is None  # this run alone, or with a light job beside it
-    assert busy_cores_notice(5.6, 2, 1) is None  # one thread: nothing to wait for
-    assert busy_cores_notice(12.0, 16, 16) is None  # the load is the cores', not the machine's
+def test_torch_gets_a_thread_per_core_other_jobs_leave_free():
+    # make bench-threads measured this count fastest beside 0, 1 and 2 CPU-bound neighbours (docs/log.md)
+    assert threads_for(cores=2, busy_cores=0.1, local_processes=1, default=2) == 2
+    assert threads_for(cores=2, busy_cores=1.0, local_processes=1, default=2) == 1
+    assert threads_for(cores=2, busy_cores=3.0, local_processes=1, default=2) == 1  # at least one
+    assert threads_for(cores=16, busy_cores=5.8, local_processes=1, default=16) == 10
+    # each local rank its share: 2 ranks on 16 free cores run 8 each, not 16 each
+    assert threads_for(cores=16, busy_cores=0.0, local_processes=2, default=16) == 8
+    assert threads_for(cores=8, busy_cores=0.0, local_processes=1, default=4) == 4  # never above torch's
 
 
-def test_the_load_is_read_against_the_cores_this_process_may_use():
-    load, cores = cores_load()
-    assert load >= 0 and cores == len(os.sched_getaffinity(0)) <= os.cpu_count()
+def test_a_thread_count_the_environment_sets_is_kept(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's, or torchrun's 1 for several local ranks
+    choice = choose_threads(local_processes=1, default=3)
+    assert (choice.threads, choice.set_by, choice.busy_cores) == (3, "OMP_NUM_THREADS", None)
+    assert threads_notice(choice) is None
+
+
+def test_fewer_threads_are_said_on_a_line_that_names_the_override():
+    lowered = ThreadChoice(threads=1, default=2, cores=2, busy_cores=1.2, set_by=None)
+    notice = threads_notice(lowered)
+    assert notice.startswith("note: other jobs kept 1.2 of this process's 2 cores busy")
+    assert "torch runs 1 thread " in notice and "OMP_NUM_THREADS" in notice
+    assert threads_notice(dataclasses.replace(lowered, threads=2, busy_cores=0.2)) is None  # free cores
