@@ -4,7 +4,7 @@ SmolLM2-135M (its GGUF dequantised once to a plain folder, as bench_sft does) tr
 least --max_length tokens long, so every micro-batch is full and every token a target. A configuration is
 named `DIST-WEIGHTS-LOSS`: DIST ddp (cpu_multiprocess.yaml) or fsdp (fsdp.yaml / fsdp_lora.yaml, FSDP2),
 WEIGHTS full, lora (--use_peft) or qlora (--use_peft --load_in_4bit), LOSS chunked (--chunked_loss true)
-or whole (false). Combinations the toolkit refuses (chunked or 4-bit under FSDP) are reported as refused,
+or whole (false). Combinations the toolkit refuses (4-bit under FSDP) are reported as refused,
 not run. `--model 1b`: a Llama decoder built from a config with about 1B parameters (random weights,
 SmolLM2's tokenizer), saved once; the headline pair is `fsdp-full-whole` against `ddp-full-whole`, where
 DDP (every rank a whole model, its gradients and AdamW's two moments: ~16 GB a rank in fp32) may not
@@ -33,8 +33,9 @@ from pathlib import Path
 
 from benchmarks.bench_sft import plain_model
 
-CONFIGS = ("ddp-full-chunked", "ddp-full-whole", "fsdp-full-whole", "ddp-lora-chunked", "ddp-lora-whole",
-           "fsdp-lora-whole", "ddp-qlora-chunked", "ddp-qlora-whole")  # fmt: skip
+CONFIGS = ("ddp-full-chunked", "ddp-full-whole", "fsdp-full-chunked", "fsdp-full-whole", "ddp-lora-chunked",
+           "ddp-lora-whole", "fsdp-lora-chunked", "fsdp-lora-whole", "ddp-qlora-chunked",
+           "ddp-qlora-whole")  # fmt: skip
 CONFIGS_1B = ("fsdp-full-whole", "ddp-full-whole")
 WORDS = ["calm", "bright", "slow", "old", "gentle", "cold", "small", "deep", "river", "stone", "north"]
 
@@ -82,8 +83,6 @@ def parse(name: str) -> tuple[str, str, str]:
 
 def refused(dist: str, weights: str, loss: str) -> str | None:
     """Why the toolkit refuses this combination (docs/distributed.md), or None."""
-    if dist == "fsdp" and loss == "chunked":
-        return "--chunked_loss under FSDP is refused (its backward crashes)"
     if dist == "fsdp" and weights == "qlora":
         return "4-bit under FSDP is refused (bitsandbytes cannot shard)"
     return None

@@ -37,8 +37,9 @@ def chatml_tokenizer():
     return tokenizer
 
 
-def build_tiny_lm(family: str, folder: Path, seed: int = 0) -> Path:
-    """Saves a tiny random causal LM of `family` (llama, qwen2) with the ChatML tokenizer in `folder`."""
+def build_tiny_lm(family: str, folder: Path, seed: int = 0, tied: bool = False) -> Path:
+    """Saves a tiny random causal LM of `family` (llama, qwen2) with the ChatML tokenizer in `folder`;
+    `tied`: its output layer's weight is the input embeddings' (else as the family's config defaults)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -47,6 +48,8 @@ def build_tiny_lm(family: str, folder: Path, seed: int = 0) -> Path:
     tokenizer = chatml_tokenizer()
     config = _decoder_config(family, len(tokenizer), tokenizer.eos_token_id)
     config.pad_token_id = tokenizer.pad_token_id
+    if tied:  # else the family's own default
+        config.tie_word_embeddings = True
     torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)

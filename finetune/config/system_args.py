@@ -46,10 +46,9 @@ class SystemArgs:
     targets x vocabulary (TRL's and torchtune's chunked losses; Liger's fused one). The same loss and
     gradients to rounding, for one more forward matmul of the output layer per chunk; a micro-batch whose
     targets fit one chunk is computed whole. auto: on wherever the model's logits are its output layer's
-    (checked at load; Gemma 2's final soft-cap included), nothing compiles it and FSDP does not shard it
-    (FSDP2's backward crashes on an output layer called after the forward: docs/distributed.md); its speed
-    against false is to be measured (benchmarks/bench_chunked_loss.py). true refuses where it cannot be on;
-    false: the whole [targets, vocabulary] logits at once."""
+    (checked at load; Gemma 2's final soft-cap included) and nothing compiles it, under FSDP2 too
+    (docs/distributed.md); its speed against false is to be measured (benchmarks/bench_chunked_loss.py).
+    true refuses where it cannot be on; false: the whole [targets, vocabulary] logits at once."""
     chunked_loss_tokens: int | None = None
     """causal_lm, with --chunked_loss: target tokens per chunk; default: as many as make 2**25 logits (128 MB
     in fp32), in multiples of 128: 640 at a 49,152-token vocabulary, 256 at 128,256."""

@@ -13,6 +13,7 @@ import torch
 from finetune.errors import ConfigError
 from finetune.mnli import cli, main
 from finetune.studies.sweep_command import sweep_main
+from tests.chat_models import build_tiny_lm
 from tests.e2e.test_sft import ONE_UPDATE, chat, first_update, sft_args  # noqa: F401  (chat: the module's fixture)
 from tests.helpers import assert_sharded, read_jsonl, reset_accelerate, weights
 from tests.warm_ranks import run_ranks, run_warm
@@ -174,9 +175,11 @@ def fsdp_on_cpu(config: str = "fsdp.yaml", *extra: str) -> list[str]:
             "--mixed_precision", "no", *extra]  # fmt: skip
 
 
-def sharded_like_ddp(fsdp_out, ddp_out) -> dict:
+def sharded_like_ddp(fsdp_out, ddp_out, tied_copy: str | None = None) -> dict:
     """Both on 2 ranks, one run FSDP2 (each rank half of every parameter, gradient and moment), the other
-    DDP: the same losses and weights to float tolerance (only the reductions' order differs)."""
+    DDP: the same losses, evaluation and weights to float tolerance (only the reductions' order
+    differs). `tied_copy`: a tied head's weight FSDP's export writes beside the embeddings it equals
+    (the gathered state dict's tensors are separate; DDP's export writes the shared one once)."""
     fsdp, ddp = (json.loads((out / "results.json").read_text()) for out in (fsdp_out, ddp_out))
     assert fsdp["world_size"] == ddp["world_size"] == 2 and fsdp["global_step"] == ddp["global_step"]
     assert fsdp["distributed_type"] == "FSDP" and ddp["distributed_type"] == "MULTI_CPU"
@@ -185,7 +188,10 @@ def sharded_like_ddp(fsdp_out, ddp_out) -> dict:
         [r["loss"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r] for out in (fsdp_out, ddp_out)
     ]
     assert len(logged[0]) == fsdp["global_step"] and logged[0] == pytest.approx(logged[1], rel=1e-5)
+    assert fsdp.get("eval_loss") == pytest.approx(ddp.get("eval_loss"), rel=1e-5)
     a, b = weights(fsdp_out), weights(ddp_out)
+    if tied_copy:
+        torch.testing.assert_close(a.pop(tied_copy), a["model.embed_tokens.weight"], rtol=0, atol=0)
     assert a.keys() == b.keys()
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5, msg=name)
@@ -197,17 +203,24 @@ def test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill(chat, t
     """fsdp.yaml on 2 CPU ranks, packed: DDP's losses and weights with each rank holding half; SIGKILLed at
     step 5 (after checkpoint-4), resumed to the unbroken run's bits, --save_total_limit 2 keeping the two
     newest sharded checkpoints and no partial folder; the export a full model `pipeline` generates with;
-    resume on one process refused in one line. Unpacked, with a block class the model lacks set on the
-    command line: the model's own is wrapped, said once, and DDP's losses again. LoRA (fsdp_lora.yaml):
-    sharded, exported merged and as adapter/."""
+    resume on one process refused in one line. Unpacked, a tied head, with a block class the model lacks
+    set on the command line: the model's own is wrapped, said once, and DDP's losses again. LoRA
+    (fsdp_lora.yaml): sharded, DDP's losses, exported merged and as adapter/. Every FSDP run's loss is
+    chunked (--chunked_loss auto, chunks of 8 target tokens, recomputed in the backward), every DDP run's
+    whole: the chunks call the output layer after the forward, which killed FSDP2's backward."""
     from transformers import pipeline
 
     packed = (*STEPS, "--packing", "true", "--save_total_limit", "2")
+    chunked, whole = ("--chunked_loss_tokens", "8"), ("--chunked_loss", "false")
     ddp, unbroken, killed = tmp_path / "ddp", tmp_path / "unbroken", tmp_path / "killed"
-    for out, launch in ((ddp, None), (unbroken, fsdp_on_cpu())):
-        done = run_ranks(sft_args(chat, out, *packed), *([launch] if launch else []))
-        assert done.returncode == 0, done.stderr[-3000:]
-    assert sharded_like_ddp(unbroken, ddp)["packing"]
+    done = run_ranks(sft_args(chat, ddp, *packed, *whole))
+    assert done.returncode == 0, done.stderr[-3000:]
+    packed = (*packed, *chunked)  # the FSDP runs'
+    done = run_ranks(sft_args(chat, unbroken, *packed), fsdp_on_cpu())
+    assert done.returncode == 0, done.stderr[-3000:]
+    trained = sharded_like_ddp(unbroken, ddp)
+    chosen = trained["resolved"]  # --chunked_loss auto's verdict
+    assert trained["packing"] and (chosen["chunked_loss"], chosen["chunked_loss_tokens"]) == ("true", 8)
     env = {"AT_STEP": "5", "SIGNAL": "KILL", "RANKS": "0,1"}
     died = run_ranks(sft_args(chat, killed, *packed), fsdp_on_cpu(), "tests/probes/signal_at_step.py", env)
     assert died.returncode != 0 and not (killed / "results.json").exists()
@@ -230,17 +243,23 @@ def test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill(chat, t
     assert error.startswith("error: --resume_from_checkpoint") and "saved with 2 processes" in error
 
     short = ("--max_train_steps", "2", "--per_device_train_batch_size", "2", "--logging_steps", "1")
+    tied = {**chat, "model": build_tiny_lm("qwen2", tmp_path / "tied_lm", tied=True)}
     plain_ddp, plain = tmp_path / "plain_ddp", tmp_path / "plain"
-    done = run_ranks(sft_args(chat, plain_ddp, *short))
+    done = run_ranks(sft_args(tied, plain_ddp, *short, *whole))
     assert done.returncode == 0, done.stderr[-3000:]
     wrong_block = fsdp_on_cpu("fsdp.yaml", "--fsdp_transformer_layer_cls_to_wrap", "BertLayer")
-    done = run_ranks(sft_args(chat, plain, *short), wrong_block)
+    done = run_ranks(sft_args(tied, plain, *short, *chunked), wrong_block)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("fsdp_transformer_layer_cls_to_wrap names BertLayer, which") == 1
-    assert not sharded_like_ddp(plain, plain_ddp)["packing"]
-    lora = tmp_path / "lora"  # fsdp_lora.yaml: a merged causal LM and its adapter
-    done = run_ranks(sft_args(chat, lora, *short, "--use_peft", "true"), fsdp_on_cpu("fsdp_lora.yaml"))
+    trained = sharded_like_ddp(plain, plain_ddp, tied_copy="lm_head.weight")
+    assert not trained["packing"] and trained["resolved"]["chunked_loss"] == "true"
+    lora_ddp, lora = tmp_path / "lora_ddp", tmp_path / "lora"  # fsdp_lora.yaml: merged, and its adapter
+    done = run_ranks(sft_args(chat, lora_ddp, *short, "--use_peft", "true", *whole))
     assert done.returncode == 0, done.stderr[-3000:]
+    lora_args = sft_args(chat, lora, *short, "--use_peft", "true", *chunked)
+    done = run_ranks(lora_args, fsdp_on_cpu("fsdp_lora.yaml"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sharded_like_ddp(lora, lora_ddp)["resolved"]["chunked_loss"] == "true"
     results = json.loads((lora / "results.json").read_text())
     assert (
         results["world_size"] == 2 and results["distributed_type"] == "FSDP" and results["global_step"] == 2

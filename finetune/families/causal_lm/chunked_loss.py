@@ -43,10 +43,10 @@ def chunk_tokens_for(vocab_size: int, asked: int | None) -> int:
 
 class Head:
     """The output layer as the model's forward applies it: the layer called as a module (with its LoRA or
-    modules_to_save wrapper), then the final soft-cap of a model that has one (Gemma 2's
-    tanh(logits / cap) * cap, as transformers writes it), both under `autocast` (the forward's, as
-    `hidden_at` found it: Accelerate autocasts the model's forward alone); the logits in fp32, as
-    `target_loss` casts them."""
+    modules_to_save wrapper; under FSDP2 past its unit's hooks, `_unhooked`), then the final soft-cap
+    of a model that has one (Gemma 2's tanh(logits / cap) * cap, as transformers writes it), both under
+    `autocast` (the forward's, as `hidden_at` found it: Accelerate autocasts the model's forward alone);
+    the logits in fp32, as `target_loss` casts them."""
 
     def __init__(self, model, autocast=contextlib.nullcontext):
         self.layer = model.get_output_embeddings()
@@ -55,12 +55,35 @@ class Head:
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         with self.autocast():
-            logits = self.layer(hidden)
+            logits = _unhooked(self.layer)(hidden)
             if self.softcap is not None:
                 logits = logits / self.softcap
                 logits = torch.tanh(logits)
                 logits = logits * self.softcap
         return logits.float()
+
+
+def _unhooked(layer):
+    """The output layer to call after the forward: the module itself, or under FSDP2 where Accelerate
+    shards it in a unit of its own (its `fully_shard([final norm, lm_head])`, kept unsharded after the
+    forward) its `forward` without the unit's hooks. Called as a module, each chunk would open a new
+    pass of that unit, whose post-backward hook on the chunk's input then reduce-scatters and frees the
+    unit's parameters when the chunk's gradient reaches it, before the final norm's backward reads its
+    weight (SIGSEGV on freed storage). Unhooked, the chunks read the weight the forward gathered, their
+    gradients accumulate on it, and the forward's own hook (after the norm's backward) reduces them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(layer, FSDPModule):
+        return layer
+    group = layer._get_fsdp_state()._fsdp_param_group
+    if group is not None and not group.is_unsharded:  # a unit that reshards after its forward
+        raise ConfigError(
+            "--chunked_loss under FSDP2: the output layer's FSDP unit frees its parameters after the "
+            "forward, and the chunks run after it; use --chunked_loss false",
+            flag="--chunked_loss",
+            fix="use --chunked_loss false",
+        )
+    return layer.forward
 
 
 class Kept(list):
@@ -156,26 +179,17 @@ def chunks_the_loss(model) -> bool:
         model.train(training)
 
 
-def resolve_chunked_loss(
-    args, model, head_at_targets: bool, compiled: bool, sharded: bool = False
-) -> int | None:
+def resolve_chunked_loss(args, model, head_at_targets: bool, compiled: bool) -> int | None:
     """--chunked_loss for this model: the target tokens per chunk, or None (off). auto is on wherever it
     can be: the unit tests give the same loss and gradients, its cost is one recomputed matmul per chunk
     of a micro-batch that holds more than one (one that fits a chunk runs whole, unchanged), and what it
     saves is the batch's largest tensor; its speed is to be measured. true is refused where it cannot be.
-    `sharded` (FSDP): off. The chunks call the output layer after the root module's forward, outside the
-    forward FSDP2 gathers its unit's parameters for and frees them after: tried on 2 CPU ranks (torch
-    2.13, accelerate 1.15), the first backward dies of SIGSEGV on both ranks, even with every target in
-    one chunk (nothing recomputed), where the unchunked FSDP run trains."""
+    Under FSDP2 too: `Head` calls the output layer past its unit's hooks (`_unhooked`); tested on 2 CPU
+    ranks against DDP's unchunked run (tests/e2e/test_sft_composes.py)."""
     if args.chunked_loss == "false":
         return None
     if compiled:
         why = "a compiled model's forward keeps its output layer (a hook would recompile it)"
-    elif sharded:
-        why = (
-            "under FSDP2 the chunks call the output layer after the forward, whose backward then reads "
-            "parameters FSDP has freed (it crashes)"
-        )
     elif not head_at_targets or not chunks_the_loss(model):
         why = (
             f"{model.config.model_type}'s logits are not its output layer's alone (a scale after it, or a "

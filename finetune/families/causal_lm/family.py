@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import torch
-from accelerate.utils import DistributedType, DynamoBackend
+from accelerate.utils import DynamoBackend
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -106,8 +106,7 @@ class CausalLM:
         # Compiled (the flag or an accelerate config), a hook added per call would recompile the graph.
         compiled = accelerator.state.dynamo_plugin.backend != DynamoBackend.NO
         self.head_at_targets = not compiled and heads_at_targets(model)
-        sharded = accelerator.distributed_type == DistributedType.FSDP
-        self.chunk_tokens = resolve_chunked_loss(args, model, self.head_at_targets, compiled, sharded)
+        self.chunk_tokens = resolve_chunked_loss(args, model, self.head_at_targets, compiled)
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         speed = plain_speed(args, model, accelerator)
