@@ -15,12 +15,10 @@ import pytest
 import torch
 from optuna.storages.journal import JournalFileBackend
 
-from finetune.mnli import main
 from tests.e2e.test_sft import ONE_UPDATE, chat, first_update, reference_loss_and_norm, sft_args  # noqa: F401
 from tests.helpers import (
     N_VALIDATION,
     REPO,
-    assert_same_weights,
     free_port,
     tiny_args,
     weights,
@@ -29,7 +27,8 @@ from tests.helpers import (
 from tests.warm_ranks import run_ranks
 
 pytestmark = pytest.mark.slurm
-ROWS = ["--max_train_samples", "576"]  # 18 steps of 32 pairs: no padded last batch (test_distributed.py)
+# 10 steps of 32 pairs: no padded last batch (test_distributed.py); 18 steps asserted nothing more.
+ROWS = ["--max_train_samples", "320"]
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
 SWEEP_TRIAL = ["--max_train_steps", "4", "--max_train_samples", "64", "--eval_strategy", "steps",
                "--eval_steps", "2", "--checkpointing_steps", "2", "--logging_steps", "2"]  # fmt: skip
@@ -82,8 +81,11 @@ def test_a_preempted_two_node_job_is_one_world_of_two_requeues_and_ends_bitwise_
     """SIGTERM to the batch script (what --signal=B:TERM@60 sends before the time limit, or a
     preemption): the workers checkpoint the step they are at, the job requeues itself under the same
     id and resumes there. The job is one world of two, on both nodes; it ends on the bits of an unbroken
-    run of two processes (forked warm: tests/warm_ranks.py), with one process's weights at the same global
-    batch, and each validation row evaluated once."""
+    run of two processes (forked warm: tests/warm_ranks.py), and each validation row evaluated once.
+
+    That two ranks' updates are one process's at the same global batch is asserted without a scheduler
+    by test_distributed.py (weights) and test_two_hosts.py (losses): a third run here would add nothing
+    the bitwise equality with the unbroken two-rank run does not already pin."""
     out = tmp_path / "out dir"
     pause = {
         "SCRIPT": "tests/probes/pause_at_step.py",
@@ -109,7 +111,7 @@ def test_a_preempted_two_node_job_is_one_world_of_two_requeues_and_ends_bitwise_
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2 and results["replicas_identical"] is True
     assert json.loads((out / "train_config.json").read_text())["world_size"] == 2
-    assert results["global_step"] == 18
+    assert results["global_step"] == 10
     evaluated = {k: v for k, v in results.items() if k.startswith("eval_") and k.endswith("_samples")}
     assert evaluated and set(evaluated.values()) == {N_VALIDATION}  # padding of the last batch dropped
 
@@ -118,9 +120,6 @@ def test_a_preempted_two_node_job_is_one_world_of_two_requeues_and_ends_bitwise_
     assert done.returncode == 0, done.stderr[-3000:]
     reference, resumed = weights(unbroken), weights(out)
     assert [n for n in reference if not torch.equal(reference[n], resumed[n])] == []
-    one = tmp_path / "one"
-    main(tiny_args(no_dropout_model, nli_files, one, *ROWS, "--per_device_train_batch_size", "32"))
-    assert_same_weights(weights(one), resumed)  # same global batch: same updates
 
 
 def test_sweep_array_workers_complete_a_study_each_trial_once(
