@@ -34,7 +34,7 @@ def export_model(accelerator, model, tokenizer, output_dir: str, gguf_file: str 
                 if gguf_file:
                     write_gguf_adapter_card(Path(output_dir) / ADAPTER_DIR, gguf_file)
             else:
-                model.save_pretrained(output_dir, state_dict=state_dict)
+                model.save_pretrained(output_dir, state_dict=_without_tied_copies(model, state_dict))
             for how_it_was_read in ("is_local", "local_files_only"):  # would bind a pushed copy to a disk
                 tokenizer.init_kwargs.pop(how_it_was_read, None)
             tokenizer.save_pretrained(output_dir)
@@ -43,6 +43,20 @@ def export_model(accelerator, model, tokenizer, output_dir: str, gguf_file: str 
             if not best:
                 share_with_best_model(run_dir)
     accelerator.wait_for_everyone()
+
+
+def _without_tied_copies(model, state_dict: dict) -> dict:
+    """`state_dict` less each tied weight's copy (a tied head beside the embeddings it equals): FSDP's
+    gathered state dict holds them as separate tensors, which save_pretrained would write twice, where a
+    model's own state dict shares one (and from_pretrained ties them again from the config)."""
+    import torch
+
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        return state_dict
+    present = {target: source for target, source in tied.items() if {target, source} <= state_dict.keys()}
+    copies = {name for name, source in present.items() if torch.equal(state_dict[name], state_dict[source])}
+    return {name: tensor for name, tensor in state_dict.items() if name not in copies}
 
 
 def write_gguf_adapter_card(adapter_dir: Path, gguf_file: str) -> None:
