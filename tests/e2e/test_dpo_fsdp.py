@@ -22,11 +22,14 @@ STEPS = ("--max_train_steps", "4", "--logging_steps", "1", "--per_device_train_b
 EVALUATED = ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_rewards/chosen")
 
 
-def like_ddp(prefs, tmp_path, name: str, config: str, *extra: str) -> tuple[dict, dict]:  # noqa: F811
+def like_ddp(prefs, tmp_path, name: str, config: str, *extra: str, ddp=None) -> tuple[dict, dict]:  # noqa: F811
     """The run under DDP and under `config` (FSDP2), both on 2 ranks: each one's train_config.json and
-    results.json of the FSDP2 run, once its logged lines and evaluation are DDP's."""
-    outs = {}
+    results.json of the FSDP2 run, once its logged lines and evaluation are DDP's. `ddp`: the output
+    folder of a DDP run already made, whose figures the FSDP2 run's must be (no DDP run then)."""
+    outs = {"ddp": ddp} if ddp else {}
     for kind, launch in (("ddp", None), ("fsdp", fsdp_on_cpu(config))):
+        if kind in outs:
+            continue
         out = outs[kind] = tmp_path / f"{name}_{kind}"
         done = run_ranks(dpo_args(prefs, out, *STEPS, *extra), *([launch] if launch else []))
         assert done.returncode == 0, done.stderr[-3000:]
@@ -59,17 +62,11 @@ def test_dpo_under_fsdp_shards_the_policy_and_its_reference_and_trains_as_ddp(pr
     assert all(s["sharded_tensors"] == s["tensors"] > 0 and s["trainable_tensors"] == 0 for s in shares)
 
     # Precomputed by the sharded copy: 13 pairs in shares of 7 and 6, 2 a batch, so one rank has a batch
-    # fewer and runs one more forward (the all-gathers pair up), and both train as DDP.
+    # fewer and runs one more forward (the all-gathers pair up), and it trains and evaluates as the
+    # online reference under DDP above (the precomputed reference is the online one's: test_dpo.py).
     precompute = ("--precompute_ref_log_probs", "true", "--per_device_eval_batch_size", "2")
-    like_ddp(
-        prefs,
-        tmp_path,
-        "precomputed",
-        "fsdp.yaml",
-        "--ref_model_name_or_path",
-        str(prefs["reference"]),
-        *precompute,
-    )
+    copy = ("--ref_model_name_or_path", str(prefs["reference"]))
+    like_ddp(prefs, tmp_path, "precomputed", "fsdp.yaml", *copy, *precompute, ddp=tmp_path / "copy_ddp")
 
     config, _ = like_ddp(prefs, tmp_path, "lora", "fsdp_lora.yaml", "--use_peft", "true")
     assert config["backbone"]["reference"] == "the policy with its LoRA adapters disabled"
