@@ -6,7 +6,8 @@ named `DIST-WEIGHTS-LOSS`: DIST ddp (cpu_multiprocess.yaml) or fsdp (fsdp.yaml /
 WEIGHTS full, lora (--use_peft) or qlora (--use_peft --load_in_4bit), LOSS chunked (--chunked_loss true)
 or whole (false). Combinations the toolkit refuses (chunked or 4-bit under FSDP) are reported as refused,
 not run. `--model 1b`: a Llama decoder built from a config with about 1B parameters (random weights,
-SmolLM2's tokenizer), saved once; the headline pair is `fsdp-full-whole` against `ddp-full-whole`, where
+SmolLM2's tokenizer), written once, tensor by tensor (benchmarks/random_decoder.py: about one shard of
+memory to build); the headline pair is `fsdp-full-whole` against `ddp-full-whole`, where
 DDP (every rank a whole model, its gradients and AdamW's two moments: ~16 GB a rank in fp32) may not
 start on the machine: a run that dies is reported with its exit status, not retried.
 
@@ -44,29 +45,6 @@ def text_rows(count: int, tokens: int, seed: int) -> list[dict]:
     row is full and all of it a target."""
     rng = random.Random(seed)
     return [{"text": " ".join(rng.choice(WORDS) for _ in range(tokens + 16))} for _ in range(count)]
-
-
-def decoder_1b(folder: Path, tokenizer_from: Path) -> Path:
-    """A Llama decoder of about 1.0B parameters (hidden 2048, 18 layers, GQA 32/4 heads, untied 49,152
-    vocabulary), random weights in fp32, with SmolLM2's tokenizer; built and saved once."""
-    if (folder / "config.json").is_file():
-        return folder
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=49152, hidden_size=2048, intermediate_size=5632, num_hidden_layers=18,
-        num_attention_heads=32, num_key_value_heads=4, max_position_embeddings=4096,
-        tie_word_embeddings=False, torch_dtype="float32",
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    print(
-        f"built a decoder of {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters", flush=True
-    )
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(folder)
-    return folder
 
 
 def parse(name: str) -> tuple[str, str, str]:
@@ -159,6 +137,8 @@ def main() -> None:
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "finetune-bench"
     model = plain_model(cache / "smollm2-135m")
     if args.model == "1b":
+        from benchmarks.random_decoder import decoder_1b
+
         model = decoder_1b(cache / "llama-1b-random", model)
     configs = args.configs.split(",") if args.configs else list(CONFIGS_1B if args.model == "1b" else CONFIGS)
     for name in configs:
