@@ -44,8 +44,18 @@ def run_process(command: list[str]) -> Finished:
     tic = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=environment(), cwd=ROOT)
     seconds = time.perf_counter() - tic
-    figures = [json.loads(x[6:]) for x in done.stdout.splitlines() if x.startswith("BENCH ")]
-    return Finished(done.returncode, figures, done.stderr, seconds)
+    return Finished(done.returncode, bench_lines(done.stdout), done.stderr, seconds)
+
+
+def bench_lines(stdout: str) -> list[dict]:
+    """Every `BENCH {json}` in `stdout`, wherever it starts: a launched run's ranks share one pipe, and a
+    rank's line may land after another's output that had not ended its line yet."""
+    decoder, figures, at = json.JSONDecoder(), [], stdout.find("BENCH {")
+    while at >= 0:
+        found, end = decoder.raw_decode(stdout, at + len("BENCH "))
+        figures.append(found)
+        at = stdout.find("BENCH {", end)
+    return figures
 
 
 def run_one(label: str, command: list[str]) -> dict:
@@ -71,7 +81,9 @@ def peak_rss_mib() -> float:
 
 
 def emit(figures: dict) -> None:
-    print("BENCH " + json.dumps(figures), flush=True)
+    """One write of the whole line (a pipe's write of under 4 KiB is not split by another rank's)."""
+    sys.stdout.write(f"\nBENCH {json.dumps(figures)}\n")
+    sys.stdout.flush()
 
 
 def lora_config():
