@@ -58,6 +58,7 @@ CONFIGS_1B = ("fsdp-full-whole", "ddp-full-whole")
 BASELINE = "ddp-full-whole"
 WORDS = ["calm", "bright", "slow", "old", "gentle", "cold", "small", "deep", "river", "stone", "north"]
 LEARNING_RATE = 1e-5
+NOTES = ("gradient_checkpointing", "loaded_in_4bit", "loss")  # what a TRL row records it got
 
 
 def text_rows(count: int, tokens: int, seed: int) -> list[dict]:
@@ -178,6 +179,7 @@ def trl_worker(name: str, settings: dict) -> None:
         figures["world_size"] = trainer.accelerator.num_processes
         figures["trl"] = trl.__version__
         figures["gradient_checkpointing"] = bool(config.gradient_checkpointing)
+        figures["loaded_in_4bit"] = bool(getattr(trainer.model, "is_loaded_in_4bit", False))  # peft forwards
         fused = hasattr(trl_utils, "add_fused_lm_head")  # this version's SFTTrainer patches it on
         figures["loss"] = "fused LM head (chunked log-probs)" if fused else "whole logits"
     emit(figures)
@@ -241,7 +243,7 @@ def table(measured: list[dict]) -> None:
             print(f"{r['config']:20}{r['max_length']:7}{'':>49}  {r.get('refused') or r.get('failed')}")
             continue
         ratio = f"{max(r['peak_rss_mib']) / base[r['max_length']]:.2f}" if r["max_length"] in base else "-"
-        notes = ", ".join(f"{k} {r[k]}" for k in ("gradient_checkpointing", "loss") if k in r)
+        notes = ", ".join(f"{k} {r[k]}" for k in NOTES if k in r)
         steps = f"{r['steps_per_second']:.3f}" if r.get("steps_per_second") else "-"
         print(f"{r['config']:20}{r['max_length']:7}{r['peak_rss_mib'][0]:11}{r['peak_rss_mib'][1]:11}{ratio:>18}"
               f"{steps:>9}  {notes}")  # fmt: skip
