@@ -101,10 +101,13 @@ bench-steps: install
 bench-threads: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_threads $(ARGS)
 
-# Peak RSS per rank of SFT on 2 CPU ranks: DDP vs FSDP2, full vs LoRA vs QLoRA, chunked loss or not, at
-# --max_length 1024 and 2048 (ARGS="--model 1b": a random ~1B decoder, FSDP2 vs DDP). Idle machine only.
-bench-memory: install
-	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_memory $(ARGS)
+# Peak RSS per rank of SFT on 2 CPU ranks: this toolkit (DDP vs FSDP2, full vs LoRA vs QLoRA, chunked loss or
+# not) and TRL's SFTTrainer (its defaults, and without activation checkpointing), at --max_length 1024; ~12
+# minutes on 2 cores. ARGS="--max_lengths 1024,2048" for both lengths; ARGS="--model 1b": a random ~1B
+# decoder, FSDP2 vs DDP. Idle machine only. bitsandbytes in TRL's virtualenv for trl-qlora's 4-bit.
+bench-memory: install $(TRL_VENV)/.installed
+	$(TRL_VENV)/bin/pip install --quiet "bitsandbytes>=0.45"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.bench_memory --trl_python $(TRL_VENV)/bin/python $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

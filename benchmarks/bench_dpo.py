@@ -30,16 +30,15 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.bench_sft import ASKS, SUBJECTS, _cpu, plain_model
+from benchmarks.processes import emit, lora_config, peak_rss_mib, run_one, trl_python
 
 RUNS = ("toolkit", "trl", "trl_no_gc", "toolkit_lora", "trl_lora", "trl_lora_no_gc")
 WORDS = ["calm", "bright", "slow", "old", "gentle", "cold", "small", "deep"]
@@ -136,10 +135,7 @@ def run_trl(args, files: dict, out: Path, lora: bool, checkpointing: bool | None
     )
     peft_config = None
     if lora:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear",
-                                 task_type="CAUSAL_LM")  # fmt: skip
+        peft_config = lora_config()
     trainer = DPOTrainer(
         model=args.model,
         args=config,
@@ -176,8 +172,8 @@ def worker(args) -> None:
     else:
         figures = run_toolkit(args, files, out, lora)
     figures["run_dir"] = str(out)
-    figures["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print("BENCH " + json.dumps(figures), flush=True)
+    figures["peak_rss_mib"] = peak_rss_mib()
+    emit(figures)
 
 
 def run_once(run: str, python: str, model: Path, data: Path, argv: list[str]) -> dict:
@@ -185,19 +181,7 @@ def run_once(run: str, python: str, model: Path, data: Path, argv: list[str]) ->
     flags): its figures, its whole-process seconds and its folder (run_dir)."""
     command = [python, "-m", "benchmarks.bench_dpo", "--worker", run, "--model", str(model),
                "--data", str(data), *argv]  # fmt: skip
-    root = str(Path(__file__).resolve().parent.parent)  # benchmarks/ importable from TRL's virtualenv too
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-    }
-    tic = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=root)
-    wall = time.perf_counter() - tic
-    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
-    if done.returncode != 0 or line is None:
-        sys.exit(f"{run} failed:\n{done.stderr[-3000:]}")
-    return {**json.loads(line[6:]), "process_seconds": wall}
+    return run_one(run, command)
 
 
 def parse(argv: list[str] | None = None):
@@ -232,8 +216,8 @@ def main() -> None:
     if args.worker:
         return worker(args)
     runs = args.runs.split(",")
-    if any(run.startswith("trl") for run in runs) and not Path(args.trl_python).is_file():
-        sys.exit(f"--trl_python {args.trl_python}: no such file; `make bench-dpo` makes TRL's virtualenv")
+    if any(run.startswith("trl") for run in runs):
+        args.trl_python = trl_python(args.trl_python, "bench-dpo")
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "finetune-bench" / "smollm2-135m"
     model = plain_model(cache)
     data = Path(tempfile.mkdtemp(prefix="bench-dpo-data-"))
@@ -243,8 +227,7 @@ def main() -> None:
     measured = {run: [] for run in runs}
     for round_number in range(args.repeats):
         for run in runs if round_number % 2 == 0 else list(reversed(runs)):
-            # absolute, not resolved: a virtualenv's python is a link that must stay in its folder
-            python = str(Path(args.trl_python).absolute()) if run.startswith("trl") else sys.executable
+            python = args.trl_python if run.startswith("trl") else sys.executable
             figures = run_once(run, python, model, data, sys.argv[1:])
             shutil.rmtree(figures.pop("run_dir"), ignore_errors=True)  # ~0.5-1.5 GB of weights each
             figures["tokens_per_second"] = figures["pairs_per_second"] * tokens_per_pair

@@ -24,14 +24,14 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.processes import emit, peak_rss_mib, run_one
 
 SUBJECTS = [
     "the river",
@@ -154,8 +154,8 @@ def worker(args) -> None:
         figures = run_toolkit(args, files, out, packing=args.worker == "toolkit_packed")
         figures["model_dir"] = str(out)
     figures["run_dir"] = str(out)
-    figures["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print("BENCH " + json.dumps(figures), flush=True)
+    figures["peak_rss_mib"] = peak_rss_mib()
+    emit(figures)
 
 
 def run_once(run: str, model: Path, data: Path, argv: list[str]) -> dict:
@@ -163,13 +163,7 @@ def run_once(run: str, model: Path, data: Path, argv: list[str]) -> dict:
     its figures, its whole-process seconds, its folder (run_dir) and the model it saved (model_dir)."""
     command = [sys.executable, "-m", "benchmarks.bench_sft", "--worker", run, "--model", str(model),
                "--data", str(data), *argv]  # fmt: skip
-    tic = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    wall = time.perf_counter() - tic
-    line = next((x for x in done.stdout.splitlines() if x.startswith("BENCH ")), None)
-    if done.returncode != 0 or line is None:
-        sys.exit(f"{run} failed:\n{done.stderr[-3000:]}")
-    return {**json.loads(line[6:]), "process_seconds": wall}
+    return run_one(run, command)
 
 
 def main() -> None:
