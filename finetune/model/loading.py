@@ -13,7 +13,7 @@ from finetune.data.tasks import Task
 from finetune.errors import ConfigError
 from finetune.hub import hub_error
 from finetune.model.options import loading_error
-from finetune.model.quantization import keeping_head
+from finetune.model.quantization import keep_as_loaded, keeping_head
 
 
 def load_model_and_tokenizer(
@@ -50,6 +50,7 @@ def load_model_and_tokenizer(
         model = AutoModelForSequenceClassification.from_pretrained(
             model_name_or_path, config=model_config, ignore_mismatched_sizes=replaced, **loading
         )
+        keep_as_loaded(model)  # --load_in_4bit: the base the same on every CPU class
         if replaced:
             _reset_head(model)
     except ValueError as error:  # transformers' "can't" for a checkpoint: no class, remote code, attention

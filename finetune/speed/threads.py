@@ -15,6 +15,7 @@ An OMP_NUM_THREADS set by the user or the launcher (torchrun sets 1 for several 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import resource
 import time
@@ -43,18 +44,21 @@ def _snapshot() -> tuple[float, float | None, float]:
     return time.monotonic(), _busy_s(), _own_s()
 
 
-_STARTED = _snapshot()
+# The window's start: this module's import, then each choice's time (a study's later runs measure the
+# machine during the run before them).
+_window = [_snapshot()]
 
 
 def others_busy_cores() -> float | None:
-    """The cores' worth of CPU that other processes used since this module's import; None where the
-    machine does not say."""
-    if time.monotonic() - _STARTED[0] < _MIN_WINDOW_S:
-        time.sleep(_MIN_WINDOW_S - (time.monotonic() - _STARTED[0]))
-    now = _snapshot()
-    if now[1] is None or _STARTED[1] is None:
+    """The cores' worth of CPU that other processes used since this module's import or the last
+    choice; None where the machine does not say."""
+    started = _window[0]
+    if time.monotonic() - started[0] < _MIN_WINDOW_S:
+        time.sleep(_MIN_WINDOW_S - (time.monotonic() - started[0]))
+    now = _window[0] = _snapshot()
+    if now[1] is None or started[1] is None:
         return None
-    return max(0.0, (now[1] - _STARTED[1]) - (now[2] - _STARTED[2])) / (now[0] - _STARTED[0])
+    return max(0.0, (now[1] - started[1]) - (now[2] - started[2])) / (now[0] - started[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +89,22 @@ def choose_threads(local_processes: int, default: int) -> ThreadChoice:
     return ThreadChoice(threads_for(cores, busy, local_processes, default), default, cores, busy, None)
 
 
+@functools.cache
+def _torch_default() -> int:
+    """torch's thread count before this rule first set it: a study's later run may get more threads
+    than an earlier one got."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def apply_threads() -> ThreadChoice:
     """Sets torch's intra-op threads by `choose_threads` (before the model's first op) for this process
     and its siblings on this machine (torchrun's LOCAL_WORLD_SIZE), and returns the choice."""
     import torch
 
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    choice = choose_threads(local_processes, torch.get_num_threads())
+    choice = choose_threads(local_processes, _torch_default())
     if choice.threads != torch.get_num_threads():
         torch.set_num_threads(choice.threads)
     return choice

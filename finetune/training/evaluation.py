@@ -28,6 +28,12 @@ def autocasts(model) -> bool:
     return "forward" in model.__dict__ and getattr(model, "_original_forward", None) is not None
 
 
+def autocasts_now(model) -> bool:
+    """Whether the (unwrapped) model's forward runs under Accelerate's autocast at this moment: it
+    `autocasts` and is not inside `without_autocast`."""
+    return autocasts(model) and model.__dict__["forward"] is not model._original_forward
+
+
 @contextlib.contextmanager
 def without_autocast(model):
     """The model's (unwrapped) forward without Accelerate's autocast (`--mixed_precision bf16` over fp32

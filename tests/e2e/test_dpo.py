@@ -330,3 +330,16 @@ def test_no_host_reads_between_log_lines(prefs, tmp_path, extra):
         main(args)
     reset_accelerate()
     assert [read for read in reads if "create_causal_mask" not in read] == []
+
+
+@pytest.mark.parametrize("extra", [(), ("--precompute_ref_log_probs",)], ids=["online", "precomputed"])
+def test_a_policy_equal_to_its_reference_scores_zero_rewards_under_autocast(prefs, tmp_path, extra):
+    """results.json's evaluation is the exported policy's, without autocast (training/best.py); the
+    reference (a frozen copy, online or precomputed) is scored the same way, so a policy that is its own
+    reference gets rewards of exactly 0, not autocast's rounding of the copy's log-probs (4.9e-5 on an
+    AVX512-BF16 CPU, where --mixed_precision auto is bf16)."""
+    args = ("--do_train", "false", "--mixed_precision", "bf16", *extra)
+    results = main(dpo_args(prefs, tmp_path / "out", *args))
+    reset_accelerate()
+    assert results["eval_rewards/margins"] == 0.0 and results["eval_rewards/chosen"] == 0.0
+    assert results["eval_loss"] == pytest.approx(0.6931471805599453, abs=1e-6)  # log 2, in fp32

@@ -2,9 +2,13 @@
 
 import dataclasses
 
+import torch
+
+from finetune.speed import threads
 from finetune.speed.malloc import resolve_keep_freed_memory
 from finetune.speed.threads import (
     ThreadChoice,
+    apply_threads,
     choose_threads,
     threads_for,
     threads_notice,
@@ -44,3 +48,19 @@ def test_fewer_threads_are_said_on_a_line_that_names_the_override():
     assert notice.startswith("note: other jobs kept 1.2 of this process's 2 cores busy")
     assert "torch runs 1 thread " in notice and "OMP_NUM_THREADS" in notice
     assert threads_notice(dataclasses.replace(lowered, threads=2, busy_cores=0.2)) is None  # free cores
+
+
+def test_a_study_s_later_run_is_not_capped_by_an_earlier_run_s_lowered_count(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    threads._torch_default.cache_clear()
+    try:
+        torch.set_num_threads(3)  # torch's default, as the first run of a --seeds study finds it
+        assert apply_threads().default == 3
+        torch.set_num_threads(1)  # as that run left it beside busy neighbours
+        later = apply_threads()
+        assert later.default == 3 and torch.get_num_threads() == later.threads
+    finally:
+        threads._torch_default.cache_clear()
+        torch.set_num_threads(before)

@@ -53,7 +53,7 @@ from finetune.model.build import plain_speed
 from finetune.model.gguf_files import as_plain_weights, check_gguf, read_once
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
-from finetune.model.quantization import keeping_head
+from finetune.model.quantization import keep_as_loaded, keeping_head
 from finetune.output.card import CardParts
 from finetune.speed.attention import computes_in_half, use_causal_varlen_attention
 from finetune.speed.memory import enable_gradient_checkpointing
@@ -318,6 +318,7 @@ def _load(args, loading: dict):
         with reading:
             tokenizer = AutoTokenizer.from_pretrained(name, **hub)
             model = AutoModelForCausalLM.from_pretrained(name, **loading)
+        keep_as_loaded(model)  # --load_in_4bit: the base the same on every CPU class
     except ConfigError:  # a ValueError too: the line above is the user's already
         raise
     except ValueError as error:

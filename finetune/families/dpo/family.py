@@ -7,6 +7,7 @@ processes, against the same reference as training (--precompute_ref_log_probs: t
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -35,7 +36,7 @@ from finetune.families.family import Evaluator, MicroBatch, metric_choice
 from finetune.model.flops import non_embedding_parameters
 from finetune.model.lora import training_flops_per_token
 from finetune.output.card import CardParts
-from finetune.training.evaluation import EvaluationAbandoned, progress
+from finetune.training.evaluation import EvaluationAbandoned, progress, without_autocast
 
 
 class DPO:
@@ -107,9 +108,16 @@ class DPO:
             return
         config, splits, collator = self.precompute
 
-        def compute(batch):
+        def compute(batch, split: str):
             labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
-            return self.reference.logps(accelerator, model, batch, labels, positions, self.head_at_targets)
+            # The evaluated splits' as results.json's evaluation of the exported policy computes (no
+            # autocast: evaluate_as_exported); training's as the training forward does.
+            unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
+            exported = contextlib.nullcontext() if split == "train" else without_autocast(unwrapped)
+            with exported:
+                return self.reference.logps(
+                    accelerator, model, batch, labels, positions, self.head_at_targets
+                )
 
         was_training = model.training
         found = precomputed_logps(accelerator, config, splits, collator, compute)

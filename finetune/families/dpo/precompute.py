@@ -6,6 +6,7 @@ reference is never the policy (trl#1107)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -32,8 +33,8 @@ def reference_key(config) -> str:
 
 def precomputed_logps(accelerator, config, splits: dict, collator, compute) -> dict[str, torch.Tensor]:
     """Collective: {split: [rows, 2] float32 (chosen, rejected summed reference log-probs), [rows, 2]
-    counts} for each split, read from the run's file when its key matches, else computed (`compute(batch)`
-    -> (summed logps of the batch's 2R sequences, their counts)), gathered, and written by rank 0."""
+    counts} for each split, read from the run's file when its key matches, else computed (`compute(batch,
+    split)` -> (summed logps of the batch's 2R sequences, their counts)), gathered, and written by rank 0."""
     path, key = Path(config.output_dir) / FILE, reference_key(config)
     kept = torch.load(path, weights_only=True) if path.is_file() else None
     if kept is not None and kept.get("key") == key and set(splits) <= set(kept["splits"]):
@@ -49,12 +50,14 @@ def precomputed_logps(accelerator, config, splits: dict, collator, compute) -> d
         for batch in loader:
             numbers = batch.pop("row").tolist()
             batch = last = {k: v.to(accelerator.device) for k, v in batch.items()}
-            logps, counts = compute(dict(batch))
+            logps, counts = compute(dict(batch), name)
             pairs = len(numbers)
             for i, number in enumerate(numbers):
                 sides = (float(logps[i]), float(logps[pairs + i]), int(counts[i]), int(counts[pairs + i]))
                 rows.append((number, *sides))
-        _even_forwards(accelerator, config, split, collator, compute, len(loader), last)
+        _even_forwards(
+            accelerator, config, split, collator, functools.partial(compute, split=name), len(loader), last
+        )
         everything = sorted(gather_object(rows))
         size = max(number for number, *_ in everything) + 1 if everything else 0  # by the rows' `row`
         table = torch.zeros(size, 2)

@@ -14,6 +14,7 @@ from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import head_at
 from finetune.families.dpo.loss import sequence_logps
 from finetune.hub import hub_error
+from finetune.training.evaluation import autocasts_now, without_autocast
 
 
 class Reference:
@@ -61,6 +62,10 @@ class Reference:
             disabled = model.disable_adapter()
         else:
             model, disabled = self.model, contextlib.nullcontext()
+            if not autocasts_now(accelerator.unwrap_model(policy, keep_torch_compile=False)):
+                # The exported policy's evaluation (no autocast): the copy computes as the policy does,
+                # or a policy equal to its reference would score rewards of autocast's rounding.
+                disabled = without_autocast(accelerator.unwrap_model(model, keep_torch_compile=False))
         hooked = accelerator.unwrap_model(model) if head_at_targets else None
         training = model.training
         model.eval()

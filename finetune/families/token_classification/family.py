@@ -28,7 +28,7 @@ from finetune.model.build import plain_speed
 from finetune.model.loading import _reset_head
 from finetune.model.lora import wrap_with_lora
 from finetune.model.options import loading_error, refuse_checkpoint_dtype
-from finetune.model.quantization import keeping_head
+from finetune.model.quantization import keep_as_loaded, keeping_head
 from finetune.output.card import CardParts, confusion_section
 from finetune.speed.memory import enable_gradient_checkpointing
 
@@ -177,6 +177,7 @@ def _load(args, task: TagTask, loading: dict):
         model = AutoModelForTokenClassification.from_pretrained(
             name, config=model_config, ignore_mismatched_sizes=not kept, **loading
         )
+        keep_as_loaded(model)  # --load_in_4bit: the base the same on every CPU class
     except ValueError as error:
         raise loading_error(name, error, loading) from None
     except OSError as error:
