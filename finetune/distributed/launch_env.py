@@ -60,7 +60,7 @@ def simple_launch_asks(argv: list[str]) -> int | None:
     one process whatever the count, without a word: what `launch_command` would pick, by accelerate's own
     parser and checks. None for any other launcher (torchrun's, DeepSpeed's, TPU's) or command."""
     names = ("accelerate", "accelerate-launch")
-    starts = [i + 1 for i, a in enumerate(argv) if a == "accelerate.commands.launch"]
+    starts = [i + 1 for i, a in enumerate(argv) if a in ("accelerate.commands.launch", "finetune.launch")]
     starts += [i + 1 for i, a in enumerate(argv) if Path(a).name == "accelerate-launch"]
     starts += [i + 1 for i in range(1, len(argv)) if argv[i] == "launch" and Path(argv[i - 1]).name in names]
     if not starts:

@@ -3,7 +3,7 @@ ending the attempt promptly: the restart under `accelerate launch` in tests/e2e/
 
 import pytest
 
-from tests.helpers import tiny_args
+from tests.helpers import PYTHON, run_cli, tiny_args
 from tests.warm_ranks import run_ranks
 
 pytestmark = pytest.mark.multiprocess
@@ -34,3 +34,18 @@ def test_an_error_every_rank_meets_is_said_once(tiny_model_dir, nli_files, tmp_p
     assert done.returncode != 0
     said = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(said) == 1 and "label value(s) 'maybe'" in said[0], done.stderr[-3000:]
+
+
+def test_a_failed_one_process_launch_exits_with_its_code_and_one_line(tiny_model_dir, nli_files, tmp_path):
+    """`python -m finetune.launch --num_processes 2` without a config: accelerate's simple launcher starts
+    one process, which refuses in one line and exits 2; the launch exits 2 too, with no traceback, where
+    `accelerate launch` adds its CalledProcessError traceback and exits 1 (tests/e2e/test_first_hour.py)."""
+    out = tmp_path / "out"
+    command = [PYTHON, "-m", "finetune.launch", "--num_processes", "2", "finetune/mnli.py"]
+    done = run_cli(
+        [*command, *tiny_args(tiny_model_dir, nli_files, out)], env={"HF_HOME": str(tmp_path / "hf")}
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "asked for 2 processes but started 1" in errors[0], done.stderr[-2000:]
+    assert not out.exists()

@@ -69,6 +69,9 @@ def test_other_parents_are_not_read_as_accelerate(no_default_config):
         == 2
     )
     assert simple_launch_asks(["/venv/bin/accelerate-launch", "--num_processes", "2", "x.py"]) == 2
+    assert (
+        simple_launch_asks(["/venv/bin/python", "-m", "finetune.launch", "--num_processes", "2", "x.py"]) == 2
+    )
     assert simple_launch_asks(["mpirun", "-np", "2", "python", "x.py"]) is None
     assert simple_launch_asks(["bash", "./launch", "--num_processes", "2"]) is None  # a script named launch
     assert simple_launch_asks([*ACCELERATE, "--no_such_flag"]) is None  # not one accelerate would run
