@@ -4,7 +4,9 @@ evaluations that pick them, the rows' content, the model and the number of proce
 `run_identity` computes it once per launch, before anything loads; train_config.json and every
 checkpoint record it. A resume, a relaunch of a finished run (--resume_from_checkpoint auto) and a
 sweep compare identities and nothing else. Each flag of `TrainConfig` is either in `IDENTITY_FLAGS`
-or in `LEFT_OUT` with the reason (a test walks every field).
+or in `LEFT_OUT` with the reason (a test walks every field); a family's own flags say which they are
+where the family declares them (`Owned.left_out`), and are in the identity of a run whose family reads
+them only.
 """
 
 from __future__ import annotations
@@ -12,38 +14,33 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from finetune.config.families import reads
+from finetune.config.families import ABSENT, SOURCE, SPEED, owners, reads
 from finetune.config.model_files import model_files, weight_files
 from finetune.config.train_config import DATA_EXTENSIONS, TrainConfig
 from finetune.errors import ConfigError
+from finetune.families import DEFAULT_TASK_TYPE
 
-# In the order a refusal lists them.
+_FAMILY_FLAGS = owners()  # each family's own (finetune/families/<family>/flags.py), through the seam
+# In the order a refusal lists them: the shared flags, then the families'.
 IDENTITY_FLAGS = (
-    # task and labels
-    "task_type", "task_name", "text_columns", "label_column", "label_separator", "ignore_mismatched_sizes",
-    "class_weights", "validation_split_percentage", "max_length", "max_train_samples", "max_eval_samples",
-    "long_documents", "doc_stride", "window_aggregation", "window_loss_weighting",
-    "completion_only_loss", "assistant_only_loss", "packing", "label_names", "label_all_tokens",
-    # the preference loss and its reference
-    "beta", "loss_type", "simpo_gamma", "rpo_alpha", "ref_model_name_or_path",
+    # task and rows
+    "task_type", "ignore_mismatched_sizes", "validation_split_percentage", "max_length", "max_train_samples",
+    "max_eval_samples",
     # model
-    "model_revision", "gguf_file", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
+    "model_revision", "torch_dtype", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
     "lora_target_modules", "lora_modules_to_save", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
     "use_bnb_nested_quant",
     # batches and optimization
     "group_by_length", "per_device_train_batch_size", "gradient_accumulation_steps", "num_train_epochs",
     "max_train_steps", "learning_rate", "lr_scheduler_type", "warmup_ratio", "warmup_steps", "weight_decay",
-    "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "label_smoothing_factor", "seed",
+    "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "seed",
     # evaluations: they pick the exported model and stop training early
     "do_train", "eval_strategy", "eval_steps", "metric_for_best_model", "greater_is_better",
-    "load_best_model_at_end", "early_stopping_patience", "early_stopping_threshold", "multi_label_threshold",
-    "predict_with_generate", "generation_max_new_tokens",  # the latter: only with the former (GENERATED)
-    # the exported model: --calibrate rescales its head
-    "calibrate",
+    "load_best_model_at_end", "early_stopping_patience", "early_stopping_threshold",
+    *(flag for flag, owned in _FAMILY_FLAGS.items() if owned.left_out is None),
 )  # fmt: skip
 
-_SOURCE = "in training_data / validation_data: the rows' content, wherever they are read from"
-_SPEED = "a speed path: the same arithmetic, chosen per machine"
+_SOURCE, _SPEED = SOURCE, SPEED
 _OUTPUT = "where and how the run is written or reported, not what it trains"
 LEFT_OUT = {
     "model_name_or_path": "in model: the folder as a place (however the path is written) and its files",
@@ -53,26 +50,19 @@ LEFT_OUT = {
     "validation_split_name": _SOURCE,
     "train_file": _SOURCE,
     "validation_file": _SOURCE,
-    "validation_mismatched_file": _SOURCE,
     "test_split_name": "prediction input: predictions do not change the run",
     "test_file": "prediction input: predictions do not change the run",
     "do_predict": "prediction: a finished run predicts without training again",
     "trust_remote_code": "a permission to run the model's code, not a setting of it",
     "attn_implementation": _SPEED,
-    "auto_find_batch_size": "memory: it keeps the global batch (the resolved split is recorded)",
     "per_device_eval_batch_size": "memory and speed: evaluation batches score the same rows",
     "gradient_checkpointing": "memory: recomputes the same activations",
     "mixed_precision": f"{_SPEED} (bf16 where the device multiplies it natively)",
-    "dropout_kernel": _SPEED,
-    "padding_free": _SPEED,
     "pad_to_multiple_of": _SPEED,
     "keep_freed_memory": _SPEED,
-    "chunked_loss": f"{_SPEED} (the same loss summed in another order)",
-    "chunked_loss_tokens": f"{_SPEED} (the same loss summed in another order)",
     "torch_compile": _SPEED,
     "torch_compile_mode": _SPEED,
     "torch_compile_regional": _SPEED,
-    "cuda_graphs": _SPEED,
     "dataloader_num_workers": _SPEED,
     "full_determinism": "which kernels compute the same function: results equal up to rounding",
     "seeds": "a study of runs: each seed's run has its own identity, with its --seed",
@@ -94,9 +84,8 @@ LEFT_OUT = {
     "push_to_hub": _OUTPUT,
     "hub_model_id": _OUTPUT,
     "config": "the YAML file's keys are compared, as flags, not its path",
-    "chat_template": "in tokenizer: the template's content, wherever the file is",
     "debug": _OUTPUT,
-    "precompute_ref_log_probs": f"{_SPEED} (the same reference's log-probs, computed once)",
+    **{flag: owned.left_out for flag, owned in _FAMILY_FLAGS.items() if owned.left_out is not None},
 }
 # Entries that are not flags, and how a message names them.
 DERIVED = {
@@ -131,39 +120,25 @@ they are then left out of the identity (and so out of the comparison; `differenc
 this launch lacks)."""
 
 
-PREFERENCE = ("beta", "loss_type", "simpo_gamma", "rpo_alpha", "ref_model_name_or_path")
-"""DPO's flags: in the identity of a run whose family reads them (config/families.py OWNERS) only, so the
-other families' identities stay as recorded."""
-
-
 def _compared(flag: str, config: TrainConfig) -> bool:
-    if flag in PREFERENCE:
-        return reads(config, flag)
+    """A family's flag is in the identity of a run whose family reads it only (each family's identity holds
+    its own flags); a GENERATED one only with --predict_with_generate."""
+    if flag in _FAMILY_FLAGS and not reads(config, flag):
+        return False
     return flag not in GENERATED or config.predict_with_generate
 
 
 # Flags added to the identity after runs were recorded without them: what such a run had (the behaviour
-# before the flag), so a finished uncalibrated run is not taken for a calibrated one.
+# before the flag), so a finished run is not taken for one with the flag's new path (a family's own
+# flags: `Owned.before`).
 ADDED_LATER = {
-    "task_type": "sequence_classification",
+    "task_type": DEFAULT_TASK_TYPE,
     "load_in_4bit": False,
     "load_in_8bit": False,
     "bnb_4bit_quant_type": "nf4",
     "use_bnb_nested_quant": False,
-    "gguf_file": None,
     "tokenizer": None,
-    "completion_only_loss": True,
-    "assistant_only_loss": True,
-    "calibrate": "none",
-    "long_documents": "truncate",
-    "doc_stride": None,
-    "window_aggregation": "mean",
-    "window_loss_weighting": "window",
-    "packing": False,
-    "predict_with_generate": False,
-    "generation_max_new_tokens": 128,
-    "label_names": None,
-    "label_all_tokens": False,
+    **{flag: owned.before for flag, owned in _FAMILY_FLAGS.items() if owned.before is not ABSENT},
 }
 
 

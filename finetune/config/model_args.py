@@ -20,10 +20,6 @@ class ModelArgs:
     """Hub model id or local folder with config, weights and tokenizer."""
     model_revision: str = "main"
     """Hub branch, tag or commit of the model to load."""
-    gguf_file: str | None = None
-    """causal_lm: a GGUF file (its name in --model_name_or_path's folder or Hub repo, transformers' own
-    argument) to read the model and tokenizer from; its weights are dequantised and trained in
-    --torch_dtype, and exported as safetensors."""
     torch_dtype: TorchDtype = "float32"
     """dtype of the weights: float32 (master weights, with --mixed_precision autocast), bfloat16 (for large
     decoders; needs native bf16), float16, or auto (the checkpoint's own)."""

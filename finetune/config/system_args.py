@@ -22,14 +22,6 @@ class SystemArgs:
     mixed_precision: MixedPrecision = "auto"
     """auto (the accelerate config's bf16/fp16, else bf16 where the device multiplies it natively, else fp32),
     no, bf16 or fp16."""
-    dropout_kernel: DropoutKernel = "auto"
-    """auto (packed on CPU, torch on CUDA), packed (4 masks per 64-bit random draw) or torch."""
-    padding_free: PaddingFree = "auto"
-    """auto (on CPU for BERT, RoBERTa, XLM-R and ELECTRA without --torch_compile, except on CPUs with AMX,
-    whose padded matmuls are fast enough that skipping padding does not pay), true or false: the encoder skips
-    padding everywhere but in attention; same results, less work. varlen (for CUDA in bf16 or fp16;
-    docs/benchmarks.md has its figures): the collator packs real tokens only, attention runs torch's
-    variable-length kernel without attention dropout (on CPU a slow per-pair reference)."""
     pad_to_multiple_of: str = "auto"
     """Pad each batch's length up to a multiple of N tokens (capped at --max_length), so a compiled model
     meets few shapes: 32 gives 4 at --max_length 128. auto: 8 on CUDA (tensor cores), none on CPU (padding
@@ -40,18 +32,6 @@ class SystemArgs:
     embedding gradient, at the cost of keeping memory freed after the peak. auto: on when the CPU trains in
     bf16, where the saved faults pay; off in fp32, where they do not (docs/benchmarks.md); false leaves
     glibc's own behaviour untouched."""
-    chunked_loss: AutoSwitch = "auto"
-    """causal_lm: run the output layer and cross-entropy over chunks of --chunked_loss_tokens target tokens,
-    each chunk's logits recomputed in the backward pass instead of kept, so memory no longer grows with
-    targets x vocabulary (TRL's and torchtune's chunked losses; Liger's fused one). The same loss and
-    gradients to rounding, for one more forward matmul of the output layer per chunk; a micro-batch whose
-    targets fit one chunk is computed whole. auto: on wherever the model's logits are its output layer's
-    (checked at load; Gemma 2's final soft-cap included) and nothing compiles it, under FSDP2 too
-    (docs/distributed.md); its speed against false is to be measured (benchmarks/bench_chunked_loss.py).
-    true refuses where it cannot be on; false: the whole [targets, vocabulary] logits at once."""
-    chunked_loss_tokens: int | None = None
-    """causal_lm, with --chunked_loss: target tokens per chunk; default: as many as make 2**25 logits (128 MB
-    in fp32), in multiples of 128: 640 at a 49,152-token vocabulary, 256 at 128,256."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass instead of storing them: less memory, one more
     forward pass of compute per step."""
@@ -65,11 +45,6 @@ class SystemArgs:
     torch_compile_regional: bool = False
     """With --torch_compile, compile each repeated encoder layer once and reuse it (Accelerate's regional
     compilation): shorter compiles, graph breaks between layers."""
-    cuda_graphs: AutoSwitch = "auto"
-    """Replay each batch shape's forward and backward as a CUDA graph, captured at its first batch: one launch
-    instead of one per kernel, no compile. auto: on for one CUDA process in bf16 or fp32 without accumulation,
-    compile, padding-free layers or gradient checkpointing (a model whose forward waits for the device trains
-    eagerly, with a note); true refuses where it cannot be on."""
     full_determinism: bool = False
     """Deterministic kernels only (HF Trainer's flag: transformers' enable_full_determinism; slower). On CUDA
     two runs of the same flags otherwise differ in the last bits, so a resumed run cannot match an unbroken
@@ -97,9 +72,6 @@ class SystemArgs:
         """Checks of this group's flags alone; --torch_compile_mode implies --torch_compile."""
         if self.dataloader_num_workers < 0:
             raise ConfigError(f"--dataloader_num_workers must be >= 0, got {self.dataloader_num_workers}")
-        tokens = self.chunked_loss_tokens
-        if tokens is not None and tokens <= 0:
-            raise ConfigError(f"--chunked_loss_tokens must be a positive integer or left unset, got {tokens}")
         if self.ddp_bucket_cap_mb <= 0:
             raise ConfigError(f"--ddp_bucket_cap_mb must be a positive integer, got {self.ddp_bucket_cap_mb}")
         if self.peak_tflops is not None and self.peak_tflops <= 0:

@@ -19,19 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from finetune.config.data_args import DATA_EXTENSIONS, GLUE_DATASET, DataArgs
-from finetune.config.families import OWNERS, refuse_other_families_flags
+from finetune.config.data_args import DATA_EXTENSIONS, DataArgs
+from finetune.config.families import owners, refuse_other_families_flags
 from finetune.config.model_args import ModelArgs
 from finetune.config.output_args import DEFAULT_LOGGING_STEPS, OutputArgs
-from finetune.config.preference_args import PreferenceArgs
 from finetune.config.system_args import SystemArgs
 from finetune.config.training_args import EvaluationArgs, OptimizationArgs
+from finetune.data.tasks import GLUE_DATASET
 from finetune.errors import ConfigError
+from finetune.families import FLAG_GROUPS
 
 __all__ = ["DATA_EXTENSIONS", "GLUE_DATASET", "GROUPS", "TrainConfig"]
 
-GROUPS = (DataArgs, ModelArgs, OptimizationArgs, PreferenceArgs, EvaluationArgs, OutputArgs, SystemArgs)
-"""In the order `--help`, docs/flags.md and train_config.json list them."""
+GROUPS = (DataArgs, ModelArgs, OptimizationArgs, EvaluationArgs, OutputArgs, SystemArgs, *FLAG_GROUPS)
+"""In the order `--help`, docs/flags.md and train_config.json list them: the shared groups, then each
+family's own (finetune/families/<family>/flags.py, through the seam)."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,8 @@ class TrainConfig(*reversed(GROUPS)):  # a dataclass takes its bases' fields las
         refuse_other_families_flags(self, {f.name: default_of(f) for f in dataclasses.fields(self)})
         _default_eval_strategy(self)  # before the groups' checks: several read it
         for group in GROUPS:
-            group.__post_init__(self)
+            if "__post_init__" in vars(group):  # a group with checks of its own
+                group.__post_init__(self)
         check_across_groups(self)
 
     def with_resolved(self, resolved) -> TrainConfig:
@@ -97,9 +100,9 @@ def _check_files_exist(config: TrainConfig) -> None:
 def check_across_groups(config: TrainConfig) -> None:
     """The checks (and HF's defaults) that need flags of two groups; refused before anything loads."""
     default = object.__setattr__  # HF's TrainingArguments fills these in at parse time too
-    task = config.task_name if config.task_type == "sequence_classification" else config.task_type
-    default(config, "output_dir", config.output_dir or f"outputs/{task}")
-    default(config, "project_name", config.project_name or f"finetune-{task}")
+    # A family may have named them (a classifier by its --task_name: sequence_classification/flags.py)
+    default(config, "output_dir", config.output_dir or f"outputs/{config.task_type}")
+    default(config, "project_name", config.project_name or f"finetune-{config.task_type}")
     bits = config.quantized_bits
     if bits and not config.use_peft:
         raise ConfigError(
@@ -127,13 +130,6 @@ def check_across_groups(config: TrainConfig) -> None:
         raise ConfigError(
             "--torch_dtype float16: fp16 weights train unstably (no fp32 master copy, gradients the "
             "loss scaler can't unscale); use float32 with --mixed_precision fp16, or bfloat16"
-        )
-    if config.calibrate != "none" and not config.do_train:
-        raise ConfigError(
-            f"--calibrate {config.calibrate} fits the trained model; --do_train false trains nothing: "
-            "drop --calibrate (a calibrated run's exported model stays calibrated)",
-            flag="--calibrate",
-            fix="drop --calibrate",
         )
     if config.use_peft and not config.do_train:
         raise ConfigError(
@@ -196,18 +192,10 @@ def flag_help() -> dict[str, str]:
         for node, after in zip(body, body[1:], strict=False):
             if isinstance(node, ast.AnnAssign) and isinstance(after, ast.Expr):
                 docs[node.target.id] = " ".join(inspect.cleandoc(after.value.value).split())
-    for name, owned in OWNERS.items():  # the families that read it, as the one refusal rule says
+    for name, owned in owners().items():  # the families that read it, as the one refusal rule says
         values = f"{' or '.join(owned.asks)}: " if owned.asks else ""
         docs[name] += f" [{values}--task_type {' or '.join(owned.families)} only]"
     return docs
-
-
-def greater_is_better_default(metric: str) -> bool:
-    """Hugging Face Trainer's rule, a loss is better smaller and any other metric larger, with the
-    calibration errors (eval_ece, eval_brier, eval_matched_ece, eval_ece_<label>...) and perplexity
-    smaller too."""
-    name = metric.removeprefix("eval_").removeprefix("matched_").removeprefix("mismatched_")
-    return not (metric.endswith("loss") or name.split("_")[0] in ("ece", "brier", "perplexity"))
 
 
 def default_of(f: dataclasses.Field):

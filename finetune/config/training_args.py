@@ -11,7 +11,6 @@ from finetune.errors import ConfigError
 MAX_SEED = 2**32 - 1  # what numpy.random.seed takes (transformers.set_seed seeds numpy too)
 
 EvalStrategy = Literal["no", "steps", "epoch"]
-Calibration = Literal["none", "temperature"]
 # The schedules `get_scheduler` builds from warmup and total steps alone; the others need arguments
 # this loop does not pass (cosine_with_min_lr, warmup_stable_decay) or a metric (reduce_lr_on_plateau).
 LrSchedulerType = Literal[
@@ -35,10 +34,6 @@ class OptimizationArgs:
     """Training pairs per micro-batch on each process."""
     gradient_accumulation_steps: int = 1
     """Micro-batches summed into one optimizer step."""
-    auto_find_batch_size: bool = False
-    """Before training, run a forward and backward pass on the longest rows; on out-of-memory halve
-    --per_device_train_batch_size and double --gradient_accumulation_steps (same global batch, same results)
-    until it fits."""
     learning_rate: float = 2e-5
     """Peak AdamW learning rate."""
     weight_decay: float = 0.01
@@ -62,9 +57,6 @@ class OptimizationArgs:
     warmup_steps: float = 0
     """Learning-rate warmup as optimizer steps, or below 1 as a fraction of them (HF Trainer 5's rule); above
     0 it overrides --warmup_ratio."""
-    label_smoothing_factor: float = 0.0
-    """Label smoothing of the cross-entropy (single-label classification): the target puts this much
-    probability evenly over all labels. eval_loss is smoothed the same way, as HF Trainer's."""
     seed: int = 42
     """Seed for weights of new heads, dropout and data order."""
     seeds: str | None = None
@@ -114,10 +106,6 @@ class OptimizationArgs:
             )
         if float(self.warmup_steps).is_integer():
             object.__setattr__(self, "warmup_steps", int(self.warmup_steps))  # shown as 5, not 5.0
-        if not 0.0 <= self.label_smoothing_factor < 1.0:
-            raise ConfigError(
-                f"--label_smoothing_factor must be in [0, 1), got {self.label_smoothing_factor}"
-            )
         if self.weight_decay < 0 or self.max_grad_norm < 0:
             raise ConfigError("--weight_decay and --max_grad_norm must be >= 0")
         for name in ("adam_beta1", "adam_beta2"):
@@ -147,9 +135,9 @@ class EvaluationArgs:
     default: the task's first (eval_matched_accuracy for MNLI, eval_matthews_correlation for CoLA). Custom
     classification: eval_accuracy, eval_f1_macro or a class's eval_precision_<label>, eval_recall_<label>,
     eval_f1_<label>, eval_support_<label>; multi-label: eval_f1_micro, eval_f1_macro, eval_exact_match. Every
-classification task also: eval_ece (expected calibration error) and eval_brier (Brier score), per label
-for multi-label (eval_ece_<label>, eval_brier_<label>). causal_lm: eval_loss (the default),
-eval_perplexity, and with --predict_with_generate eval_exact_match."""
+classification task also: eval_ece and eval_brier (ECE and Brier score), per label for multi-label
+(eval_ece_<label>, eval_brier_<label>). causal_lm: eval_loss (the default), eval_perplexity, and with
+--predict_with_generate eval_exact_match."""
     greater_is_better: bool | None = None
     """Whether a larger --metric_for_best_model is better; default: false for a loss, eval_ece and eval_brier,
     else true."""
@@ -167,27 +155,6 @@ eval_perplexity, and with --predict_with_generate eval_exact_match."""
     string or messages) or its `messages` with the generation prompt (a conversation ending with an
     assistant turn has that turn generated anew). dpo: the same, of a file of prompts (or of pairs: their
     prompts)."""
-    predict_with_generate: bool = False
-    """causal_lm: at each evaluation also generate every validation row's completion, greedy and batched,
-    and report eval_exact_match: the share equal to the reference, both stripped and case-folded (Hugging
-    Face Seq2SeqTrainer's name). The prompt: a conversation before its last assistant turn, with the
-    generation prompt (the reference: that turn), or the prompt of a prompt-completion row (the completion,
-    or its first assistant message). Not for `text` rows. dpo: every validation pair's prompt, the
-    reference its chosen completion."""
-    generation_max_new_tokens: int = 128
-    """causal_lm and dpo: the most tokens a generated completion has (--predict_with_generate,
-    --do_predict), and max_new_tokens of the exported generation_config.json."""
-    calibrate: Calibration = "none"
-    """temperature: after training (and --load_best_model_at_end), fit one temperature T > 0 on the first
-    validation split's logits (least NLL) and divide the exported model's classification layer by it, so
-    `pipeline`, predictions.jsonl and later evaluations give softmax(logits / T) with the same argmax.
-    results.json's eval_* keys are then the calibrated model's (in-sample on the split T was fit on); the
-    ECE, Brier and loss before T are eval_..._before_calibration, and after T on rows it was not fit on
-    eval_..._after_calibration_held_out (2-fold cross-fitting); calibration_temperature, and
-    calibration_temperature_at_bound when T stopped at 0.01 or 100 (at 100: no confidence signal).
-    The best model is still picked by training's evaluations, before calibration. Multi-label: one T
-    for every label, fit on the binary NLL of sigmoid(logits / T), ECE per label and averaged; needs
-    --multi_label_threshold 0.5, where every predicted label stays. Not for regression."""
 
     def __post_init__(self):
         """Checks of this group's flags alone; --load_best_model_at_end defaults to whether it evaluates."""
@@ -212,12 +179,6 @@ eval_perplexity, and with --predict_with_generate eval_exact_match."""
                 "--load_best_model_at_end needs evaluations to pick the best model; set --eval_strategy "
                 "steps or epoch, or drop --load_best_model_at_end"
             )
-        if self.calibrate != "none" and not evaluates:
-            raise ConfigError(
-                f"--calibrate {self.calibrate} fits on the validation rows; set --eval_strategy steps or "
-                "epoch (with validation data), or drop --calibrate",
-                flag="--calibrate",
-            )
         if self.load_best_model_at_end is None:
             object.__setattr__(self, "load_best_model_at_end", evaluates)
         if self.early_stopping_patience is not None and self.early_stopping_patience <= 0:
@@ -225,8 +186,5 @@ eval_perplexity, and with --predict_with_generate eval_exact_match."""
                 f"--early_stopping_patience must be a positive integer or left unset, "
                 f"got {self.early_stopping_patience}"
             )
-        if self.generation_max_new_tokens <= 0:
-            tokens = self.generation_max_new_tokens
-            raise ConfigError(f"--generation_max_new_tokens must be a positive integer, got {tokens}")
         if self.early_stopping_threshold < 0:
             raise ConfigError(f"--early_stopping_threshold must be >= 0, got {self.early_stopping_threshold}")

@@ -102,6 +102,8 @@ GLUE_TASKS = {
 
 
 TASK_CHOICES = (*GLUE_TASKS, "custom")
+GLUE_DATASET = "nyu-mll/glue"
+"""Where the GLUE tasks' rows come from (--dataset_name's default)."""
 
 
 PER_CLASS = ("precision", "recall", "f1", "support")

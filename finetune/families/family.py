@@ -17,7 +17,6 @@ from typing import Protocol
 
 import torch
 
-from finetune.config.train_config import greater_is_better_default
 from finetune.errors import ConfigError
 
 
@@ -101,7 +100,8 @@ class TaskFamily(Protocol):
 
     def fit_batch_size(self, config, model, train, tokenizer, accelerator) -> tuple[dict, str]:
         """Collective: --auto_find_batch_size's batch and accumulation for `Resolved`, and the line that
-        says so (speed/memory.py); only the families config/families.py lets the flag through are asked."""
+        says so (speed/memory.py); only the families that declare the flag theirs (flags.py OWNED) are
+        asked."""
 
     def step_graphs(self, args, config, accelerator, model, task):
         """--cuda_graphs (config's, resolved; args' as given): the training micro-batches' replayer that
@@ -144,6 +144,14 @@ def metric_choice(config, splits: dict, measured: list[str], default: str) -> di
         "metric_for_best_model": metric,
         "greater_is_better": greater_is_better_default(metric) if greater is None else greater,
     }
+
+
+def greater_is_better_default(metric: str) -> bool:
+    """Hugging Face Trainer's rule, a loss is better smaller and any other metric larger, with the
+    calibration errors (eval_ece, eval_brier, eval_matched_ece, eval_ece_<label>...) and perplexity
+    smaller too."""
+    name = metric.removeprefix("eval_").removeprefix("matched_").removeprefix("mismatched_")
+    return not (metric.endswith("loss") or name.split("_")[0] in ("ece", "brier", "perplexity"))
 
 
 @functools.cache  # never evicted: a CUDA graph reads the tensor's memory without holding it

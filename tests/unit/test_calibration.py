@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.config.train_config import greater_is_better_default
 from finetune.data.tasks import custom_task
 from finetune.errors import ConfigError
+from finetune.families.family import greater_is_better_default
 from finetune.families.sequence_classification.calibration import check_calibration, scale_head
 from finetune.metrics.calibration import (
     TEMPERATURE_RANGE,

@@ -20,8 +20,9 @@ from finetune.families.family import TaskFamily
 
 PACKAGE = Path(finetune.__file__).parent
 
-NAMING_NO_FAMILY = ("training", "output", "studies", "speed", "distributed", "run.py")
-"""What must name no family: the loop, checkpoints, the export, studies, speed paths, ranks, the run."""
+NAMING_NO_FAMILY = ("training", "config", "output", "studies", "speed", "distributed", "run.py")
+"""What must name no family: the loop, the flags and the run's identity (each family declares its own flags
+in finetune/families/<family>/flags.py), checkpoints, the export, studies, speed paths, ranks, the run."""
 
 FAMILY_WORDS = re.compile(
     r"task_type *(==|!=|in)|\"(causal_lm|token_classification|sequence_classification|dpo)\"|calibrat[a-z_]*"
@@ -241,3 +242,30 @@ def test_every_family_has_every_hook_of_the_seam(task_type):
         assert all(parameters[p].default is not inspect.Parameter.empty for p in extra)
     for attribute in typing.get_type_hints(TaskFamily):
         assert hasattr(family, attribute), f"{type(family).__name__} has no {attribute}"
+
+
+def test_the_families_flag_modules_import_only_the_configuration_s_vocabulary():
+    """`TrainConfig` is composed of the shared groups and each family's own (finetune/families/<family>/
+    flags.py, through the seam): so config names no family, yet --help and a bad flag stay fast and no
+    circle forms, those modules import only config's types, the errors and the task table."""
+    allowed = (
+        "finetune.config.families",
+        "finetune.config.system_args",
+        "finetune.data.tasks",
+        "finetune.errors",
+    )
+    modules = sorted(PACKAGE.glob("families/*/flags.py"))
+    assert len(modules) == len(typing.get_args(TaskType)), modules  # one per built-in family
+    for path in modules:
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        libraries = {n.split(".")[0] for n in names} - {
+            "__future__",
+            "dataclasses",
+            "math",
+            "typing",
+            "finetune",
+        }
+        assert not libraries, (path, libraries)
+        assert all(n in allowed for n in names if n.startswith("finetune")), (path, names)

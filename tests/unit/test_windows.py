@@ -219,7 +219,7 @@ def test_window_flags_on_a_family_without_sliding_window_advise_dropping_them(ta
     """These families refuse --long_documents (config/families.py: classifiers read it), so advising
     --long_documents sliding_window only moved the refusal: the fix is to drop the flag, and with it
     dropped the config is taken."""
-    from finetune.config.families import OWNERS
+    from finetune.families import FLAG_OWNERS as OWNERS
 
     assert task_type not in OWNERS["long_documents"].families  # the old advice, refused for the family
     files = {"train_file": "t.jsonl", "validation_file": "v.jsonl"}

@@ -213,7 +213,9 @@ class CausalLM:
         return {}
 
     def fit_batch_size(self, config, model, train, tokenizer, accelerator) -> tuple[dict, str]:
-        raise NotImplementedError("--auto_find_batch_size is refused for causal LMs (config/families.py)")
+        raise NotImplementedError(
+            "--auto_find_batch_size is refused for causal LMs (sequence_classification/flags.py OWNED)"
+        )
 
     def step_graphs(self, args, config, accelerator, model, task: LmTask) -> None:
         """No CUDA graphs (`captures_cuda_graphs`)."""

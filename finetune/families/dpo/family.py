@@ -295,7 +295,9 @@ class DPO:
         return {"fsdp_reference_shards": self.reference_shares} if self.reference_shares else {}
 
     def fit_batch_size(self, config, model, train, tokenizer, accelerator) -> tuple[dict, str]:
-        raise NotImplementedError("--auto_find_batch_size is refused for dpo (config/families.py)")
+        raise NotImplementedError(
+            "--auto_find_batch_size is refused for dpo (sequence_classification/flags.py OWNED)"
+        )
 
     def step_graphs(self, args, config, accelerator, model, task) -> None:
         """No CUDA graphs (`captures_cuda_graphs`)."""

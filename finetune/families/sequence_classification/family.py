@@ -9,13 +9,12 @@ import functools
 
 import torch
 
-from finetune.config.train_config import greater_is_better_default
 from finetune.data.batching import build_dataloaders
 from finetune.data.splits import load_splits
 from finetune.data.tasks import Task, eval_key
 from finetune.data.tokenization import tokenize_splits
 from finetune.errors import ConfigError
-from finetune.families.family import Evaluator, MicroBatch, weights_by_label
+from finetune.families.family import Evaluator, MicroBatch, greater_is_better_default, weights_by_label
 from finetune.families.sequence_classification.calibration import calibrate_model, check_calibration
 from finetune.families.sequence_classification.card import classifier_parts
 from finetune.families.sequence_classification.evaluation import evaluate_splits, forward_backward, predict

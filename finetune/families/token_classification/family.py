@@ -150,7 +150,9 @@ class TokenClassification:
         return {"class_weights_by_label": weights_by_label(task)}
 
     def fit_batch_size(self, config, model, train, tokenizer, accelerator) -> tuple[dict, str]:
-        raise NotImplementedError("--auto_find_batch_size is refused for taggers (config/families.py)")
+        raise NotImplementedError(
+            "--auto_find_batch_size is refused for taggers (sequence_classification/flags.py OWNED)"
+        )
 
     def step_graphs(self, args, config, accelerator, model, task: TagTask) -> None:
         """No CUDA graphs (`captures_cuda_graphs`)."""

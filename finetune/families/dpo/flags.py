@@ -1,13 +1,31 @@
-"""The preference group of flags: DPO's loss and its reference model (TRL's DPOConfig names)."""
+"""DPO's flags (`--task_type dpo`): the preference loss and its reference model (TRL's DPOConfig names).
+Read by `finetune.config` through the seam (finetune/families/__init__.py FLAG_GROUPS). DPO also reads
+the causal-LM family's model, template and generation flags (families/causal_lm/flags.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
+from finetune.config.families import SPEED, Owned
 from finetune.errors import ConfigError
 
+NAME = "dpo"
 LossType = Literal["sigmoid", "ipo", "simpo"]
+OWNED = {
+    "beta": Owned((NAME,), "scales a preference loss's log-ratios"),
+    "loss_type": Owned((NAME,), "chooses a preference loss"),
+    "simpo_gamma": Owned((NAME,), "is SimPO's reward margin"),
+    "rpo_alpha": Owned((NAME,), "adds the chosen completions' SFT loss to a preference loss"),
+    "ref_model_name_or_path": Owned((NAME,), "names a preference loss's reference model"),
+    "precompute_ref_log_probs": Owned(
+        (NAME,),
+        "precomputes a preference loss's reference log-probs",
+        left_out=f"{SPEED} (the same reference's log-probs, computed once)",
+    ),
+}
+"""The flags only this family reads, as the one refusal rule (config/families.py) and the run's identity
+(config/identity.py) read them."""
 
 
 @dataclass(frozen=True)
