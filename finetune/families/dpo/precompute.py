@@ -27,7 +27,8 @@ loss type, which may average them, does not)."""
 def reference_key(config) -> str:
     identity = run_identity(config, 1)
     decided = {name: identity.get(name) for name in DECIDES}
-    decided["mixed_precision"] = config.mixed_precision  # the reference's forward runs under its autocast
+    decided["mixed_precision"] = config.mixed_precision  # the training split is scored under its autocast
+    decided["evaluated_splits"] = "without autocast"  # as the exported policy is scored (a file before: with)
     return hashlib.sha256(json.dumps(decided, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
