@@ -6,13 +6,14 @@ prompt / chosen / rejected; --pairs subjects, the default: an answer about the s
 about another rejected; --pairs sums: make demo-dpo's near misses, a sum asked for, the right one chosen, a
 sum off by 1-10 or the right one off the format rejected. Reward accuracy says little here: every run
 reached 1.000 on the subjects (docs/log.md, 2026-12-02), and a 2-step full fine-tuning did on 8 sums pairs
-too (margin 0.12), as a consistent push moves every margin above 0; the margins and eval_loss compare the
-tools' quality), with the same loss (sigmoid, --beta), batch, accumulation, learning rate, linear schedule,
-steps, --max_length, fp32 and seed; full fine-tuning against a frozen copy of the starting model, and LoRA
-(r 16, alpha 32, dropout 0.05, all linear layers: the toolkit's defaults, given to TRL) against the model
-with its adapters disabled. Everything else is each one's default. TRL 1.x checkpoints activations by
-default (DPOConfig's gradient_checkpointing=True): its runs go with its defaults (`trl`, `trl_lora`) and
-with gradient_checkpointing=False (`trl_no_gc`, `trl_lora_no_gc`), the like-for-like one.
+too (margin 0.12), likely because the first updates raise every pair's margin alike; the margins and
+eval_loss compare the tools' quality), with the same loss (sigmoid, --beta), batch, accumulation, learning
+rate, linear schedule, steps, --max_length, fp32 and seed; full fine-tuning against a frozen copy of the
+starting model, and LoRA (r 16, alpha 32, dropout 0.05, all linear layers: the toolkit's defaults, given to
+TRL) against the model with its adapters disabled. Everything else is each one's default. TRL 1.x
+checkpoints activations by default (DPOConfig's gradient_checkpointing=True): its runs go with its defaults
+(`trl`, `trl_lora`) and with gradient_checkpointing=False (`trl_no_gc`, `trl_lora_no_gc`), the like-for-like
+one.
 
 TRL runs in its own virtualenv (--trl_python, default .venv-trl/bin/python: `make bench-dpo` makes it), so
 its transformers and peft are the ones it resolves, not this toolkit's pins. Each run is its own process
