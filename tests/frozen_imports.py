@@ -5,11 +5,20 @@ The e2e tier runs hundreds of runs in one process. Each run's end (Accelerate's 
 of Python's full collections walk every tracked object, ~0.2 s with torch and transformers imported;
 frozen, the imported modules' objects (never garbage) are skipped and such a collection takes
 microseconds (docs/log.md).
+
+The families too: run.py imports a run's family once its flags are parsed, and the sequence classifier's
+brings transformers' modeling_utils, torch._dynamo and scipy (~2.5 s of CPU). Imported here, a warm
+process (each rank) forks with them instead of importing them for every run.
 """
 
 import gc
 
 import finetune.cli  # noqa: F401
+import finetune.families.causal_lm.family  # noqa: F401  (family_for imports each when asked for)
+import finetune.families.dpo.family  # noqa: F401
+import finetune.families.sequence_classification.family  # noqa: F401
+import finetune.families.token_classification.family  # noqa: F401
+import finetune.mnli  # noqa: F401  (the entry point the warm runs mostly start)
 import finetune.run  # noqa: F401  (the cli imports it once the flags parsed)
 import finetune.studies.seeds  # noqa: F401
 import finetune.studies.sweep  # noqa: F401
