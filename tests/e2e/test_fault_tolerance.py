@@ -251,6 +251,8 @@ def test_a_restarted_job_stopped_at_its_launcher_resumes_exactly(
     assert (out / f"checkpoint-{step}" / "trainer_state.json").exists() and not (
         out / "results.json"
     ).exists()
+    state = json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())
+    assert state["identity"]["world_size"] == 2  # the restarted attempt's two real ranks
     resume(2, args, capsys)
     assert_bitwise_equal(out, unbroken(2))
 
