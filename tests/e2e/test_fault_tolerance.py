@@ -21,21 +21,25 @@ from tests.helpers import PYTHON, free_port, read_jsonl, reset_accelerate, run_c
 from tests.warm_ranks import run_ranks, run_warm
 
 BIN = os.path.dirname(PYTHON)
-EPOCHS = ["--num_train_epochs", "2", "--checkpointing_steps", "10"]  # 38 steps/epoch on 1 rank, 19 on 2
-# Killed or stopped after the checkpoint at 50 (1 rank, mid-epoch 2) or 20 (2 ranks, mid-epoch 2) and
-# after a logged line (55, 25) that the resumed run must replace.
-STOP_AT = {1: 57, 2: 27}
-# Early stopping, evaluated every 10 steps on eval_loss with a threshold no change of it reaches: the
-# first evaluation sets the best and each later one counts, so the runs stop early, after the kill:
-# at 60 of 76 steps (1 rank, patience 5) or 30 of 38 (2 ranks, patience 2). A resumed run must carry
-# the count on from its checkpoint to stop there too.
-STOPS_EARLY_AT = {1: 60, 2: 30}
+# 200 rows: 13 steps an epoch on 1 rank, 7 on 2 (neither divides them: the last batch is short), a loss
+# line every 2 steps; evaluated and checkpointed every 8 steps on 1 rank, every 4 on 2.
+EVERY = {1: 8, 2: 4}
+ROWS = ["--max_train_samples", "200", "--logging_steps", "2"]
+# Killed or stopped after the checkpoint at 16 (1 rank, mid-epoch 2) or 8 (2 ranks, mid-epoch 2) and
+# after a logged line (18, 10) that the resumed run must replace.
+STOP_AT = {1: 19, 2: 11}
+# Early stopping on eval_loss with a threshold no change of it reaches: the first evaluation sets the
+# best and each later one counts, so with patience 2 the runs stop early, after the kill: at the third
+# evaluation, 24 of 26 steps (1 rank) or 12 of 14 (2 ranks). A resumed run must carry the count on from
+# its checkpoint to stop there too.
+STOPS_EARLY_AT = {1: 24, 2: 12}
 
 
 def training_args(nproc: int) -> list[str]:
-    patience = STOPS_EARLY_AT[nproc] // 10 - 1
-    return [*EPOCHS, "--eval_strategy", "steps", "--eval_steps", "10", "--metric_for_best_model", "eval_loss",
-            "--early_stopping_threshold", "10", "--early_stopping_patience", str(patience)]  # fmt: skip
+    every = str(EVERY[nproc])
+    return [*ROWS, "--num_train_epochs", "2", "--checkpointing_steps", every, "--eval_strategy", "steps",
+            "--eval_steps", every, "--metric_for_best_model", "eval_loss", "--early_stopping_threshold", "10",
+            "--early_stopping_patience", "2"]  # fmt: skip
 
 
 def launcher(nproc: int, *extra: str) -> list[str]:
@@ -123,15 +127,15 @@ def test_sigkill_mid_epoch_then_auto_resume_is_bitwise_equal(
     reference = unbroken(nproc)
     out = tmp_path / "out"
     args = tiny_args(tiny_model_dir, nli_files, out, *training_args(nproc))
-    at, saved = STOP_AT[nproc], STOP_AT[nproc] // 10 * 10
+    at, saved = STOP_AT[nproc], STOP_AT[nproc] // EVERY[nproc] * EVERY[nproc]
     # Every rank kills itself at step `at`, as a lost machine takes them all.
     killed = job(nproc, "tests/probes/signal_at_step.py", args, env=signal_at(at, "KILL"))
     assert killed.returncode != 0 and not (out / "results.json").exists()
     assert checkpoints(out)[-1] == f"checkpoint-{saved}"
-    assert step_losses(out)[-1][0] == at // 5 * 5 > saved  # logged after the checkpoint: to be replaced
+    assert step_losses(out)[-1][0] == at // 2 * 2 > saved  # logged after the checkpoint: to be replaced
 
     state = json.loads((out / f"checkpoint-{saved}" / "trainer_state.json").read_text())
-    assert state["early_stopping_patience_counter"] == saved // 10 - 1  # evaluated, then checkpointed
+    assert state["early_stopping_patience_counter"] == saved // EVERY[nproc] - 1  # evaluated, checkpointed
 
     stdout = resume(nproc, args, capsys)
     assert f"resuming from {out / f'checkpoint-{saved}'} at step {saved}" in stdout
@@ -163,14 +167,14 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(
     reference = unbroken(1)  # one process is enough: the write is staged the same way for any world size
     out = tmp_path / "out"
     args = tiny_args(tiny_model_dir, nli_files, out, *training_args(1))
-    crashed = job(1, "tests/probes/crash_in_checkpoint_write.py", args, env={"CRASH_IN_CHECKPOINT": "20"})
+    crashed = job(1, "tests/probes/crash_in_checkpoint_write.py", args, env={"CRASH_IN_CHECKPOINT": "16"})
     assert crashed.returncode == 1
-    assert (out / ".checkpoint-20.partial" / "model.safetensors").exists()  # the half-written one
-    assert not (out / "checkpoint-20").exists() and (out / "checkpoint-10" / "trainer_state.json").exists()
+    assert (out / ".checkpoint-16.partial" / "model.safetensors").exists()  # the half-written one
+    assert not (out / "checkpoint-16").exists() and (out / "checkpoint-8" / "trainer_state.json").exists()
 
-    assert f"resuming from {out / 'checkpoint-10'} at step 10" in resume(1, args, capsys)
+    assert f"resuming from {out / 'checkpoint-8'} at step 8" in resume(1, args, capsys)
     assert_bitwise_equal(out, reference)
-    assert not list(out.glob(".checkpoint-*.partial"))  # rewritten at step 20, then published
+    assert not list(out.glob(".checkpoint-*.partial"))  # rewritten at step 16, then published
 
 
 @WORLD_SIZES
@@ -200,7 +204,7 @@ def test_sigterm_checkpoints_exits_and_resumes_the_same_wandb_run(
     done = job(nproc, "finetune/mnli.py", [*args, "--resume_from_checkpoint", "auto"], env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_bitwise_equal(out, reference)
-    # Stopped mid log window (lines every 5 steps): the resumed run's lines and totals are the unbroken
+    # Stopped mid log window (lines every 2 steps): the resumed run's lines and totals are the unbroken
     # run's (2 ranks sum the window's loss in another order: equal to rounding).
     losses, expected_losses = step_losses(out), step_losses(reference)
     assert [s for s, _ in losses] == [s for s, _ in expected_losses]
@@ -219,7 +223,7 @@ def test_a_restarted_job_stopped_at_its_launcher_resumes_exactly(
 ):
     """`accelerate launch --max_restarts 1` (static rendezvous, its CPU config). On the first attempt rank 1
     raises mid-epoch 1 while rank 0 goes on into the next all-reduce: the agent ends the attempt (rank 0
-    is not left waiting there), the error reaches the terminal, and both ranks restart from checkpoint-10.
+    is not left waiting there), the error reaches the terminal, and both ranks restart from checkpoint-4.
     In the restarted attempt, `kill <accelerate launch's pid>` (a user, a scheduler): the launcher forwards
     SIGTERM to the workers, which finish their step, save one checkpoint and exit; the relaunch continues
     exactly, to the bits of a run never interrupted.
@@ -231,21 +235,24 @@ def test_a_restarted_job_stopped_at_its_launcher_resumes_exactly(
     config = "accelerate_configs/cpu_multiprocess.yaml"
     accelerate = [os.path.join(BIN, "accelerate"), "launch", "--config_file", config, "--max_restarts", "1",
                   "--main_process_port", str(free_port())]  # fmt: skip
-    faults = {"RANK_TO_FAIL": "1", "AT": "17", "STOP_AT": str(STOP_AT[2])}
+    # The launcher forwards its SIGTERM a few steps later or so: 3 steps before the early stop at 12.
+    faults = {"RANK_TO_FAIL": "1", "AT": "6", "STOP_AT": "9"}
     started = time.monotonic()
     stopped = run_cli([*accelerate, "tests/probes/fail_then_stop.py", *args, "--resume_from_checkpoint",
                        "auto"], env=faults)  # fmt: skip
     # run_cli returned, so no worker holds its output pipes any more: every worker has exited.
     assert time.monotonic() - started < 180  # no wait for the process group's timeout
     log = stopped.stdout + stopped.stderr
-    assert "injected failure on rank 1 at step 17" in stopped.stderr, log[-3000:]
-    assert f"resuming from {out / 'checkpoint-10'} at step 10" in stopped.stdout  # only a restart resumes
+    assert "injected failure on rank 1 at step 6" in stopped.stderr, log[-3000:]
+    assert f"resuming from {out / 'checkpoint-4'} at step 4" in stopped.stdout  # only a restart resumes
     lines = [line for line in re.split(r"[\r\n]", log) if line.startswith("stopped by SIGTERM after step ")]
     assert stopped.returncode != 0 and len(lines) == 1, log[-3000:]
     step = int(lines[0].split()[5].rstrip(";"))
     assert (out / f"checkpoint-{step}" / "trainer_state.json").exists() and not (
         out / "results.json"
     ).exists()
+    state = json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())
+    assert state["identity"]["world_size"] == 2  # the restarted attempt's two real ranks
     resume(2, args, capsys)
     assert_bitwise_equal(out, unbroken(2))
 
@@ -256,14 +263,14 @@ def test_torchrun_restarts_a_killed_worker_and_resumes(tiny_model_dir, nli_files
     mid-epoch on the first attempt (the kernel's OOM killer: no Python runs); the agent restarts both
     ranks, which resume from their checkpoint."""
     out = tmp_path / "out"
-    args = tiny_args(tiny_model_dir, nli_files, out, "--checkpointing_steps", "10")  # 1 epoch: 19 steps
+    args = tiny_args(tiny_model_dir, nli_files, out, *ROWS, "--checkpointing_steps", "4")  # 1 epoch: 7 steps
     restarts = launcher(2, "--max_restarts", "1", "--rdzv_backend", "c10d")
     command = [*restarts, "tests/probes/signal_at_step.py", *args, "--resume_from_checkpoint", "auto"]
-    done = run_cli(command, env=signal_at(17, "KILL", ranks="1"))  # on the first attempt only
+    done = run_cli(command, env=signal_at(6, "KILL", ranks="1"))  # on the first attempt only
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"resuming from {out / 'checkpoint-10'} at step 10" in done.stdout  # only a restart resumes
+    assert f"resuming from {out / 'checkpoint-4'} at step 4" in done.stdout  # only a restart resumes
     results = json.loads((out / "results.json").read_text())
-    assert results["world_size"] == 2 and results["global_step"] == 19
+    assert results["world_size"] == 2 and results["global_step"] == 7
 
 
 def test_rotation_keeps_the_newest_and_the_best(tiny_model_dir, nli_files, tmp_path):
