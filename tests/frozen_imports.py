@@ -8,8 +8,9 @@ microseconds (docs/log.md).
 
 Besides the imports before the flags are read, the ones a run makes once it knows them: each family's
 module (transformers' modeling_utils, ~1.2 s of CPU on a Zen 4) and peft (--use_peft, with bitsandbytes
-and torch's inductor where installed, ~1.2 s). In the server, once per session, instead of in each
-rank of each warm launch. What a fresh process imports, and when, is tested on fresh interpreters
+and torch's inductor where installed, ~1.2 s); and transformers' table of checkpoint conversions, built
+at a process's first from_pretrained. In the server, once per session, instead of in each rank of each
+warm launch. What a fresh process imports, and when, is tested on fresh interpreters
 (tests/e2e/test_runtime.py, test_cli.py).
 """
 
@@ -28,5 +29,8 @@ import finetune.studies.sweep  # noqa: F401
 # after finetune's own imports, as a run imports it (finetune/speed/startup.py imports transformers'
 # schedulers with peft hidden)
 importlib.import_module("peft")
+# transformers builds its table of checkpoint conversions (~1,100 compiled regular expressions, ~0.4 s)
+# at a process's first from_pretrained: once here, for every warm process
+importlib.import_module("transformers.conversion_mapping").get_checkpoint_conversion_mapping("bert")
 
 gc.freeze()
