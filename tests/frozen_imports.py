@@ -10,7 +10,10 @@ The families too: run.py imports a run's family once its flags are parsed, and t
 brings transformers' modeling_utils, torch._dynamo and scipy (~2.5 s of CPU). Imported here, a warm
 process (each rank) forks with them instead of importing them for every run. So does transformers'
 table of checkpoint conversions, built at a process's first model load (~1,000 regular expressions,
-0.4 s) and kept for the process: built here, once.
+0.4 s) and kept for the process: built here, once. And peft (--use_peft, with bitsandbytes and torch's
+inductor where installed, ~1.2 s), after finetune's own imports, as a run imports it
+(finetune/speed/startup.py imports transformers' schedulers with peft hidden). What a fresh process
+imports, and when, is tested on fresh interpreters (tests/e2e/test_runtime.py, test_cli.py).
 """
 
 import gc
@@ -34,6 +37,7 @@ for name in (
     "scipy.io",
 ):
     importlib.import_module(name)
+importlib.import_module("peft")
 # Builds the whole table, then returns bert's entry.
 importlib.import_module("transformers.conversion_mapping").get_checkpoint_conversion_mapping("bert")
 gc.freeze()

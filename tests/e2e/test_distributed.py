@@ -207,13 +207,15 @@ def test_the_fsdp_config_shards_on_cpu_as_ddp_trains_and_resumes_and_exports(
     so the best evaluation comes before the last) is a full state dict `pipeline` loads."""
     full, resumed, ddp = tmp_path / "full", tmp_path / "resumed", tmp_path / "ddp"
     nli_files = shifted_validation(nli_files, tmp_path)
-    args = ["--checkpointing_steps", "10", "--eval_strategy", "steps", "--eval_steps", "4"]  # 19 steps
+    # 8 of the epoch's 19 steps: a checkpoint mid-epoch, evaluations at 4 and 8, a loss logged every 2
+    args = ["--max_train_steps", "8", "--checkpointing_steps", "4", "--eval_strategy", "steps",
+            "--eval_steps", "4", "--logging_steps", "2"]  # fmt: skip
     done = run_ranks(tiny_args(tiny_model_dir, nli_files, full, *args), FSDP_ON_CPU)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("fsdp=FSDP2 (on CPU: finetune lifts Accelerate's GPU-only gate)") == 1
     two_process(tiny_args(tiny_model_dir, nli_files, ddp, *args))  # cpu_multiprocess.yaml: DDP
     resumed.mkdir()
-    shutil.copytree(full / "checkpoint-10", resumed / "checkpoint-10")  # mid-epoch
+    shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")  # mid-epoch
     # With the best model so far (a run resumed in its own folder finds it there).
     shutil.copytree(full / "best_model", resumed / "best_model")
     done = run_ranks(
@@ -222,7 +224,7 @@ def test_the_fsdp_config_shards_on_cpu_as_ddp_trains_and_resumes_and_exports(
     assert done.returncode == 0, done.stderr[-3000:]
     a, b, c = results_of(full), results_of(resumed), results_of(ddp)
     assert a["world_size"] == b["world_size"] == c["world_size"] == 2
-    assert a["global_step"] == b["global_step"] == c["global_step"] == 19
+    assert a["global_step"] == b["global_step"] == c["global_step"] == 8
     assert a["distributed_type"] == b["distributed_type"] == "FSDP" and c["distributed_type"] == "MULTI_CPU"
     # Fails the day Accelerate engages FSDP on CPU itself: then finetune's lift can go.
     assert a["fsdp_gate_lifted"] and "fsdp_gate_lifted" not in c
@@ -231,7 +233,7 @@ def test_the_fsdp_config_shards_on_cpu_as_ddp_trains_and_resumes_and_exports(
     assert a["eval_matched_accuracy"] == b["eval_matched_accuracy"] == c["eval_matched_accuracy"]
     assert_same_weights(weights(full), weights(ddp))
     assert all(torch.equal(t, weights(resumed)[name]) for name, t in weights(full).items())  # bitwise
-    assert a["best_step"] < 19 and a["exported_model_step"] == a["best_step"]
+    assert a["best_step"] < 8 and a["exported_model_step"] == a["best_step"]
     root, best = weights(full), weights(full / "best_model")
     assert all(torch.equal(root[name], best[name]) for name in best)
     classify = pipeline("text-classification", model=str(full))  # the export loads as any model does

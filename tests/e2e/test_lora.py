@@ -215,19 +215,19 @@ def test_lora_under_fsdp_on_cpu_is_ddps_lora_sharded_resumes_and_exports(tiny_mo
     fsdp = ["--config_file", "accelerate_configs/fsdp_lora.yaml", "--num_processes", "2", "--gpu_ids", "all",
             "--mixed_precision", "no"]  # fmt: skip
     full, resumed, ddp = tmp_path / "full", tmp_path / "resumed", tmp_path / "ddp"
-    # 1 epoch: ceil(600 / (16 x 2 ranks)) = 19 micro-batches per rank, 10 steps of 2; checkpoint-5 is
-    # mid-epoch.
-    args = ["--checkpointing_steps", "5", "--gradient_checkpointing", "true",
-            "--gradient_accumulation_steps", "2"]  # fmt: skip
+    # 1 epoch: ceil(600 / (16 x 2 ranks)) = 19 micro-batches per rank, 10 steps of 2; 4 of them run,
+    # checkpoint-2 is mid-epoch.
+    args = ["--max_train_steps", "4", "--checkpointing_steps", "2", "--logging_steps", "2",
+            "--gradient_checkpointing", "true", "--gradient_accumulation_steps", "2"]  # fmt: skip
     two_process(fsdp, lora_args(tiny_model_dir, nli_files, full, *args))
     done = two_process(CPU_2, lora_args(tiny_model_dir, nli_files, ddp, *args))
     resumed.mkdir()
-    shutil.copytree(full / "checkpoint-5", resumed / "checkpoint-5")
+    shutil.copytree(full / "checkpoint-2", resumed / "checkpoint-2")
     resume = [*args, "--resume_from_checkpoint", "auto"]
     two_process(fsdp, lora_args(tiny_model_dir, nli_files, resumed, *resume))
     a, b, c = (json.loads((d / "results.json").read_text()) for d in (full, resumed, ddp))
     assert a["world_size"] == b["world_size"] == c["world_size"] == 2
-    assert a["global_step"] == b["global_step"] == c["global_step"] == 10
+    assert a["global_step"] == b["global_step"] == c["global_step"] == 4
     assert a["distributed_type"] == b["distributed_type"] == "FSDP" and c["distributed_type"] == "MULTI_CPU"
     assert c["replicas_identical"] is True
     assert done.stdout.count("trainable of") == 1  # rank 0 reports, once

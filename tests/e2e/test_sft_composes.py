@@ -23,23 +23,36 @@ STEPS = ("--max_train_steps", "6", "--per_device_train_batch_size", "2", "--lear
          "--eval_steps", "3")  # fmt: skip
 
 
-def test_a_packed_two_process_run_resumed_from_its_checkpoint_ends_bitwise(chat, tmp_path):  # noqa: F811
+PACKED = (*STEPS, "--packing", "true", "--save_total_limit", "2")
+
+
+@pytest.fixture(scope="module")
+def packed_ddp(chat, tmp_path_factory):  # noqa: F811
+    """Packed, on 2 processes (DDP), the loss whole: the unbroken run the packed resume below ends as,
+    and the DDP run test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill compares
+    FSDP's with. Its output folder."""
+    out = tmp_path_factory.mktemp("packed_ddp") / "out"
+    done = run_ranks(sft_args(chat, out, *PACKED, "--chunked_loss", "false"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_a_packed_two_process_run_resumed_from_its_checkpoint_ends_bitwise(chat, packed_ddp, tmp_path):  # noqa: F811
     """Packed, on 2 processes (DDP): a run left with checkpoint-4 alone (as one that died after it),
     relaunched with --resume_from_checkpoint auto, ends with the same weights, bit for bit, as the run
     never stopped; every rank really ran (world size 2). (A SIGKILL itself, on 2 ranks: packed under
     FSDP in test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill, and under DDP in
     test_fault_tolerance.py; here the checkpoint is copied from the unbroken run, one launch fewer.)"""
-    unbroken, killed = tmp_path / "unbroken", tmp_path / "killed"
-    packed = ("--packing", "true")
-    done = run_ranks(sft_args(chat, unbroken, *STEPS, *packed))
-    assert done.returncode == 0, done.stderr[-3000:]
+    unbroken, killed = packed_ddp, tmp_path / "killed"
     killed.mkdir()
     shutil.copytree(unbroken / "checkpoint-4", killed / "checkpoint-4")
-    resumed = run_ranks(sft_args(chat, killed, *STEPS, *packed, "--resume_from_checkpoint", "auto"))
+    flags = (*PACKED, "--chunked_loss", "false", "--resume_from_checkpoint", "auto")
+    resumed = run_ranks(sft_args(chat, killed, *flags))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming from {killed / 'checkpoint-4'} at step 4" in resumed.stdout
     results = json.loads((killed / "results.json").read_text())
     assert results["world_size"] == 2 and results["global_step"] == 6
+    assert json.loads((unbroken / "results.json").read_text())["world_size"] == 2
     a, b = weights(unbroken), weights(killed)
     assert [name for name in a if not torch.equal(a[name], b[name])] == []
 
@@ -197,7 +210,7 @@ def sharded_like_ddp(fsdp_out, ddp_out) -> dict:
 
 
 @pytest.mark.multiprocess
-def test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill(chat, tmp_path, capsys):  # noqa: F811
+def test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill(chat, packed_ddp, tmp_path, capsys):  # noqa: F811
     """fsdp.yaml on 2 CPU ranks, packed: DDP's losses and weights with each rank holding half; SIGKILLed at
     step 5 (after checkpoint-4), resumed to the unbroken run's bits, --save_total_limit 2 keeping the two
     newest sharded checkpoints and no partial folder; the export a full model `pipeline` generates with;
@@ -208,12 +221,9 @@ def test_fsdp_on_cpu_shards_sft_as_ddp_and_resumes_bitwise_after_sigkill(chat, t
     whole: the chunks call the output layer after the forward, which killed FSDP2's backward."""
     from transformers import pipeline
 
-    packed = (*STEPS, "--packing", "true", "--save_total_limit", "2")
     chunked, whole = ("--chunked_loss_tokens", "8"), ("--chunked_loss", "false")
-    ddp, unbroken, killed = tmp_path / "ddp", tmp_path / "unbroken", tmp_path / "killed"
-    done = run_ranks(sft_args(chat, ddp, *packed, *whole))
-    assert done.returncode == 0, done.stderr[-3000:]
-    packed = (*packed, *chunked)  # the FSDP runs'
+    ddp, unbroken, killed = packed_ddp, tmp_path / "unbroken", tmp_path / "killed"  # ddp: PACKED, whole
+    packed = (*PACKED, *chunked)  # the FSDP runs'
     done = run_ranks(sft_args(chat, unbroken, *packed), fsdp_on_cpu())
     assert done.returncode == 0, done.stderr[-3000:]
     trained = sharded_like_ddp(unbroken, ddp)
