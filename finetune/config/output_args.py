@@ -49,10 +49,9 @@ class OutputArgs:
     save_plots: bool = True
     """Draw the run's charts as PNG files on rank 0: training_curves.png, confusion_matrix.png (custom
     single-label tasks, token classification), reliability_diagram.png (a classifier with a fitted
-    temperature), seed_curves.png
-    (--seeds). false: none, and the model card links none. Each chart costs 0.1-0.3 s of CPU, the first
-    in a process about 0.8 s (matplotlib's import and fonts): worth skipping for many short runs, or
-    where a tracker draws the curves."""
+    temperature), seed_curves.png (--seeds). false: none, and the model card links none. Each chart costs
+    0.1-0.3 s of CPU, the first in a process about 0.8 s (matplotlib's import and fonts): worth skipping for
+    many short runs, or where a tracker draws the curves."""
     push_to_hub: bool = False
     """Upload the model, its card and results to the Hub at the end."""
     hub_model_id: str | None = None
