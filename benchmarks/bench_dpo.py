@@ -103,6 +103,7 @@ def run_toolkit(args, files: dict, out: Path, lora: bool) -> dict:
         "--logging_steps", str(args.max_steps), "--report_to", "none", "--seed", str(args.seed),
         *(["--use_peft", "true"] if lora else []),
         *(["--precompute_ref_log_probs", "true"] if args.precompute_ref_log_probs else []),
+        "--prefix_sharing", args.prefix_sharing,
     ])  # fmt: skip
     return {
         "train_seconds": results["train_runtime_s"],
@@ -202,6 +203,12 @@ def parse(argv: list[str] | None = None):
     parser.add_argument("--beta", type=float, default=0.1)
     parser.add_argument("--precompute_ref_log_probs", action="store_true", help="both tools'")
     parser.add_argument("--max_length", type=int, default=256)
+    parser.add_argument(
+        "--prefix_sharing",
+        choices=("auto", "true", "false"),
+        default="auto",
+        help="the toolkit's runs' --prefix_sharing (false: its padded layout, for the ablation)",
+    )
     parser.add_argument("--pairs", choices=("subjects", "sums"), default="subjects")
     parser.add_argument("--train_rows", type=int, default=400)
     parser.add_argument("--validation_rows", type=int, default=64)

@@ -42,6 +42,8 @@ class Resolved:
     """true or false (auto: see --chunked_loss); false for the families that have no vocabulary."""
     chunked_loss_tokens: int | None = None
     """Target tokens per chunk where --chunked_loss is on (see --chunked_loss_tokens); else None."""
+    prefix_sharing: str = "false"
+    """true or false (auto: see --prefix_sharing); false for the families that do not read it."""
 
 
 # Evaluation batches when --per_device_eval_batch_size is unset, at --max_length 128 (measured in

@@ -74,6 +74,7 @@ def run_summary(accelerator, config: TrainConfig, plan, resume, global_step: int
         f"keep_freed_memory={config.keep_freed_memory} torch_compile={str(config.torch_compile).lower()} "
         f"cuda_graphs={config.cuda_graphs} "
         f"{f'chunked_loss={config.chunked_loss} ' if reads(config, 'chunked_loss') else ''}"
+        f"{f'prefix_sharing={config.prefix_sharing} ' if reads(config, 'prefix_sharing') else ''}"
         f"pad_to_multiple_of={config.pad_to_multiple_of} "
         f"group_by_length={str(config.group_by_length).lower()} fused_adamw=true "
         f"{weights} gradient_checkpointing={str(config.gradient_checkpointing).lower()}"

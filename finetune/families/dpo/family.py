@@ -15,7 +15,8 @@ import torch
 
 from finetune.data.batching import build_dataloaders, resolve_pad_to_multiple_of
 from finetune.distributed.fsdp import model_shares
-from finetune.families.causal_lm.batches import POSITIONS, head_at
+from finetune.errors import ConfigError
+from finetune.families.causal_lm.batches import head_at
 from finetune.families.causal_lm.family import CausalLM
 from finetune.families.causal_lm.generation import (
     PROMPTS,
@@ -25,7 +26,13 @@ from finetune.families.causal_lm.generation import (
     prompt_loaders,
     with_exact_match,
 )
-from finetune.families.dpo.collate import PAIR_COLUMNS, PairCollator
+from finetune.families.dpo.collate import (
+    PAIR_COLUMNS,
+    PairCollator,
+    SharedPrefixCollator,
+    Targets,
+    shares_prefixes,
+)
 from finetune.families.dpo.data import encode_pairs, load_preference_splits
 from finetune.families.dpo.generation import prompt_splits
 from finetune.families.dpo.loss import as_loss_reads, pair_losses, reward_metrics, sequence_logps
@@ -51,6 +58,8 @@ class DPO:
         self.reference: Reference | None = None
         """Set by `build_model`."""
         self.head_at_targets = False
+        self.prefix_sharing = False
+        """--prefix_sharing as resolved (`_prefix_sharing`): the collator's layout (collate.py)."""
         self.options = None
         """(loss_type, beta, simpo_gamma), set by `load`."""
         self.rpo_alpha = None
@@ -94,6 +103,8 @@ class DPO:
         self.lm.chunk_tokens = None
         speed["chunked_loss"], speed["chunked_loss_tokens"] = "false", None
         self.head_at_targets = self.lm.head_at_targets
+        self.prefix_sharing = _prefix_sharing(args.prefix_sharing, model)
+        speed["prefix_sharing"] = str(self.prefix_sharing).lower()
         self.reference = Reference(args, model, loading)
         backbone["reference"] = self.reference.describe(args)
         return model, tokenizer, backbone, speed
@@ -109,15 +120,13 @@ class DPO:
         config, splits, collator = self.precompute
 
         def compute(batch, split: str):
-            labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
+            targets = Targets.pop(batch)
             # The evaluated splits' as results.json's evaluation of the exported policy computes (no
             # autocast: evaluate_as_exported); training's as the training forward does.
             unwrapped = accelerator.unwrap_model(model, keep_torch_compile=False)
             exported = contextlib.nullcontext() if split == "train" else without_autocast(unwrapped)
             with exported:
-                return self.reference.logps(
-                    accelerator, model, batch, labels, positions, self.head_at_targets
-                )
+                return self.reference.logps(accelerator, model, batch, targets, self.head_at_targets)
 
         was_training = model.training
         found = precomputed_logps(accelerator, config, splits, collator, compute)
@@ -143,7 +152,10 @@ class DPO:
 
     def dataloaders(self, tokenized: dict, tokenizer, config, world_size: int, on_gpu: bool, model) -> dict:
         multiple = int(resolve_pad_to_multiple_of(config.pad_to_multiple_of, on_gpu))
-        collator = PairCollator(tokenizer.pad_token_id, multiple, config.max_length)
+        if self.prefix_sharing:
+            collator = SharedPrefixCollator(tokenizer.pad_token_id, multiple)
+        else:
+            collator = PairCollator(tokenizer.pad_token_id, multiple, config.max_length)
         prompts = {name: split for name, split in tokenized.items() if isinstance(split, Prompts)}
         tokenized = {name: split for name, split in tokenized.items() if name not in prompts}
         loaders = build_dataloaders(
@@ -191,7 +203,7 @@ class DPO:
         forward keeps its graph) or the evaluated split (whose precomputed reference log-probs it reads)."""
         loss_type, beta, gamma = self.options
         grad = split == "train"
-        labels, positions = batch.pop("labels"), batch.pop(POSITIONS)
+        targets = Targets.pop(batch)
         rows = batch.pop("row")
         precomputed = None
         if self.precomputed is not None:
@@ -199,21 +211,19 @@ class DPO:
             sums, counts = kept["logps"][rows], kept["counts"][rows]
             reads = as_loss_reads(sums, counts, loss_type)
             precomputed = reads[:, 0], reads[:, 1]
-        tokens = batch["attention_mask"].sum()
-        pairs = labels.shape[0] // 2
+        tokens, pairs = targets.real_tokens, targets.counts.shape[0] // 2
         hooked = accelerator.unwrap_model(model) if self.head_at_targets else None
-        with torch.set_grad_enabled(grad), head_at(hooked, positions):
+        with torch.set_grad_enabled(grad), head_at(hooked, targets.positions):
             logits = model(**batch, use_cache=False).logits
-        logps, counts, each = sequence_logps(logits, labels, positions)
-        # RPO's SFT term: the chosen rows' (the first `pairs`) target cross-entropies summed
-        chosen_rows = torch.div(positions, labels.shape[1], rounding_mode="floor") < pairs
-        chosen_nll = (each * chosen_rows).sum()
+        logps, counts, each = sequence_logps(logits, targets)
+        # RPO's SFT term: the chosen sequences' (the first `pairs`) target cross-entropies summed
+        chosen_nll = (each * (targets.sequences < pairs)).sum()
         logps = as_loss_reads(logps, counts, loss_type)
         ref_chosen = ref_rejected = None
         if precomputed:
             ref_chosen, ref_rejected = precomputed
         else:
-            found = self.reference.logps(accelerator, model, batch, labels, positions, self.head_at_targets)
+            found = self.reference.logps(accelerator, model, batch, targets, self.head_at_targets)
             if found is not None:
                 ref = as_loss_reads(*found, loss_type)
                 ref_chosen, ref_rejected = ref[:pairs], ref[pairs:]
@@ -305,3 +315,19 @@ class DPO:
     def finish(self, run) -> dict:
         """Nothing: the export is the trained policy."""
         return {}
+
+
+def _prefix_sharing(requested: str, model) -> bool:
+    """--prefix_sharing: auto and true where the model passes `shares_prefixes`; true refused where not."""
+    if requested == "false":
+        return False
+    shared = shares_prefixes(model)
+    if requested == "true" and not shared:
+        raise ConfigError(
+            "--prefix_sharing true: this model's attention does not give a pair the same log-probs with "
+            f"its shared tokens run once (attention {getattr(model.config, '_attn_implementation', None)}; "
+            "it needs sdpa and no sliding window); use --prefix_sharing auto",
+            flag="--prefix_sharing",
+            fix="use --prefix_sharing auto",
+        )
+    return shared

@@ -12,6 +12,7 @@ from finetune.errors import ConfigError
 
 NAME = "dpo"
 LossType = Literal["sigmoid", "ipo", "simpo"]
+PrefixSharing = Literal["auto", "true", "false"]
 OWNED = {
     "beta": Owned((NAME,), "scales a preference loss's log-ratios"),
     "loss_type": Owned((NAME,), "chooses a preference loss"),
@@ -22,6 +23,12 @@ OWNED = {
         (NAME,),
         "precomputes a preference loss's reference log-probs",
         left_out=f"{SPEED} (the same reference's log-probs, computed once)",
+    ),
+    "prefix_sharing": Owned(
+        (NAME,),
+        "lays out a preference pair's shared tokens once",
+        asks=("true",),
+        left_out=f"{SPEED} (the same log-probs, from fewer tokens)",
     ),
 }
 """The flags only this family reads, as the one refusal rule (config/families.py) and the run's identity
@@ -49,6 +56,12 @@ class PreferenceArgs:
     precompute_ref_log_probs: bool = False
     """dpo: compute the reference's log-probs of every training and validation pair once, before
     training, instead of a reference forward per micro-batch (evaluation uses them too)."""
+
+    prefix_sharing: PrefixSharing = "auto"
+    """dpo: run the tokens a pair's chosen and rejected sequences share (the prompt) once, one row a
+    pair with a 4-D attention mask, instead of padding both to one width: the same log-probs from fewer
+    tokens. auto: where the model passes a check at start (sdpa attention, no sliding window, the same
+    log-probs as the padded layout); true: refuse a model that fails it; false: the padded layout."""
 
     def __post_init__(self):
         """Checks of this group's flags alone."""

@@ -8,24 +8,20 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from finetune.families.causal_lm.batches import _at, targets_at
-from finetune.families.causal_lm.conversations import IGNORE
+from finetune.families.causal_lm.batches import _at
+from finetune.families.dpo.collate import Targets
 
 MEANS = ("ipo", "simpo")
 """The losses over a completion's mean log-prob per target token (as their papers define them)."""
 
 
-def sequence_logps(
-    logits: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per row: (the log-probs of its target tokens summed, in fp32; their count), and each target's
-    cross-entropy in `positions`' order (RPO's SFT term). `logits`: every token's or only the targets'
-    (`batches.head_at`)."""
-    targets = targets_at(labels, positions)
-    each = F.cross_entropy(_at(logits, positions).float(), targets, reduction="none")
-    rows = torch.div(positions, labels.shape[1], rounding_mode="floor")
-    summed = torch.zeros(labels.shape[0], dtype=each.dtype, device=each.device).index_add(0, rows, -each)
-    return summed, (labels != IGNORE).sum(dim=1), each
+def sequence_logps(logits: torch.Tensor, targets: Targets) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per sequence (chosen i, rejected pairs + i): (the log-probs of its target tokens summed, in fp32;
+    their count), and each target's cross-entropy in `targets`' order (RPO's SFT term). `logits`: every
+    token's or only the targets' (`batches.head_at`), in either layout (`collate.py`)."""
+    each = F.cross_entropy(_at(logits, targets.positions).float(), targets.ids, reduction="none")
+    summed = torch.zeros(targets.counts.shape[0], dtype=each.dtype, device=each.device)
+    return summed.index_add(0, targets.sequences, -each), targets.counts, each
 
 
 def as_loss_reads(logps: torch.Tensor, counts: torch.Tensor, loss_type: str) -> torch.Tensor:

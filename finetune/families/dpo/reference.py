@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from finetune.distributed.fsdp import shard_frozen
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.batches import head_at
+from finetune.families.dpo.collate import Targets
 from finetune.families.dpo.loss import sequence_logps
 from finetune.hub import hub_error
 from finetune.training.evaluation import autocasts_now, without_autocast
@@ -52,7 +53,7 @@ class Reference:
         self.model = accelerator.prepare_model(self.model, evaluation_mode=True)
         accelerator._models.remove(self.model)  # save_state writes each model it lists
 
-    def logps(self, accelerator, policy, batch: dict, labels, positions, head_at_targets: bool):
+    def logps(self, accelerator, policy, batch: dict, targets: Targets, head_at_targets: bool):
         """The reference's summed log-probs of every sequence of the batch and their target counts (no
         gradient, eval mode: no dropout); None for simpo."""
         if self.kind == "none":
@@ -70,9 +71,9 @@ class Reference:
         training = model.training
         model.eval()
         try:
-            with torch.no_grad(), disabled, head_at(hooked, positions):
+            with torch.no_grad(), disabled, head_at(hooked, targets.positions):
                 logits = model(**batch, use_cache=False).logits
-            summed, counts, _ = sequence_logps(logits, labels, positions)
+            summed, counts, _ = sequence_logps(logits, targets)
         finally:
             model.train(training)
         return summed, counts

@@ -1,0 +1,94 @@
+"""--prefix_sharing: a pair's shared tokens run once, one row a pair, and give the padded layout's
+log-probs and gradients; a model the layout would misread keeps the padded one."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from finetune.errors import ConfigError
+from finetune.families.causal_lm.conversations import IGNORE
+from finetune.families.dpo.collate import PairCollator, SharedPrefixCollator, Targets, shares_prefixes
+from finetune.families.dpo.family import _prefix_sharing
+from finetune.families.dpo.loss import sequence_logps
+
+
+def tiny_llama(attention: str = "sdpa", **extra) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attn_implementation=attention,
+                         **extra)  # fmt: skip
+    return LlamaForCausalLM(config)
+
+
+def pair(row: int, prompt: list[int], chosen: list[int], rejected: list[int]) -> dict:
+    """A pair as encode_pairs writes it: the prompt masked, each completion's tokens its targets."""
+    masked = [IGNORE] * len(prompt)
+    return {"chosen_input_ids": prompt + chosen, "chosen_labels": masked + chosen, "row": row,
+            "rejected_input_ids": prompt + rejected, "rejected_labels": masked + rejected}  # fmt: skip
+
+
+PAIRS = [
+    pair(0, [1, 2, 3, 4, 5], [6, 7, 8], [9, 10]),
+    pair(1, [1, 2], [11, 12, 13, 14, 15, 16], [11, 12, 17]),  # the completions share their first two tokens
+    pair(2, [3, 4, 5, 6, 7, 8, 9], [20], [21, 22, 23, 24]),
+    pair(3, [5, 6], [30, 31], [30, 31, 32]),  # chosen a prefix of rejected: its tail is empty
+]
+
+
+def scored(model, collator, pairs):
+    """(the pairs' 2R summed log-probs, their target counts, the gradient of their sum, real tokens)."""
+    batch = collator(pairs)
+    targets = Targets.pop(batch)
+    batch.pop("row")
+    model.zero_grad()
+    logps, counts, _ = sequence_logps(model(**batch, use_cache=False).logits, targets)
+    logps.sum().backward()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    return logps.detach(), counts, grads, int(targets.real_tokens)
+
+
+def test_the_shared_layout_gives_the_padded_layouts_log_probs_gradients_and_counts_in_fewer_tokens():
+    model = tiny_llama()
+    padded = scored(model, PairCollator(0, None, None), PAIRS)
+    shared = scored(model, SharedPrefixCollator(0, 8), PAIRS)  # rounded up to 8 tokens: padding is inert
+    torch.testing.assert_close(shared[0], padded[0], rtol=1e-5, atol=1e-5)
+    assert shared[1].tolist() == padded[1].tolist() == [3, 6, 1, 2, 2, 3, 4, 3]
+    torch.testing.assert_close(shared[2], padded[2], rtol=1e-4, atol=1e-6)
+    each_side = sum(len(p["chosen_input_ids"]) + len(p["rejected_input_ids"]) for p in PAIRS)
+    shared_tokens = each_side - (5 + 4 + 7 + 4)  # each pair's common tokens counted once
+    assert (shared[3], padded[3]) == (shared_tokens, each_side)
+
+
+def test_sequence_logps_are_each_sequences_own_sum_over_its_targets():
+    """Against each sequence scored alone: no padding, no neighbour, no mask."""
+    model = tiny_llama()
+    logps = scored(model, SharedPrefixCollator(0, None), PAIRS)[0]
+    alone = []
+    for side in ("chosen", "rejected"):
+        for p in PAIRS:
+            ids, labels = p[f"{side}_input_ids"], torch.tensor(p[f"{side}_labels"][1:])
+            with torch.no_grad():
+                log_probs = model(torch.tensor([ids])).logits[0, :-1].log_softmax(-1)
+            kept = labels != IGNORE
+            alone.append(log_probs[kept].gather(1, labels[kept, None]).sum())
+    torch.testing.assert_close(logps, torch.stack(alone), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("attention", "extra"),
+    [("eager", {}), ("sdpa", {"sliding_window": 4})],
+    ids=["eager adds its mask", "a sliding window"],
+)
+def test_a_model_the_layout_would_misread_keeps_the_padded_one_and_true_is_refused(attention, extra):
+    model = tiny_llama(attention, **extra)
+    assert not shares_prefixes(model)
+    assert _prefix_sharing("auto", model) is False
+    with pytest.raises(ConfigError) as refused:
+        _prefix_sharing("true", model)
+    assert refused.value.flag == "--prefix_sharing" and "auto" in refused.value.fix
+
+
+def test_an_sdpa_model_shares_and_the_check_leaves_it_in_training_mode():
+    model = tiny_llama().train()
+    assert _prefix_sharing("auto", model) is True and model.training
+    assert _prefix_sharing("false", model) is False
