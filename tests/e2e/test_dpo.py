@@ -224,6 +224,9 @@ def test_a_lora_runs_reference_is_the_model_with_its_adapters_disabled(prefs, tm
         train(run, StopSignals())
         family = run.family
         assert family.reference.kind == "adapters" and family.reference.model is None
+        # --disable_dropout (TRL's default): LoRA's own dropout (--lora_dropout 0.05) is off too
+        dropouts = [m for m in run.model.modules() if isinstance(m, torch.nn.Dropout)]
+        assert dropouts and all(m.p == 0 for m in dropouts)
         batch = next(iter(run.eval_loaders["validation"]))
         targets = Targets.pop(batch)
         inputs = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "position_ids")}

@@ -3,13 +3,14 @@ log-probs and gradients; a model the layout would misread keeps the padded one."
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from finetune.errors import ConfigError
 from finetune.families.causal_lm.conversations import IGNORE
 from finetune.families.dpo.collate import PairCollator, SharedPrefixCollator, Targets, shares_prefixes
-from finetune.families.dpo.family import _prefix_sharing
+from finetune.families.dpo.family import _prefix_sharing, _without_dropout
 from finetune.families.dpo.loss import sequence_logps
+from tests.backbones import DECODERS, _decoder_config
 
 
 def tiny_llama(attention: str = "sdpa", **extra) -> LlamaForCausalLM:
@@ -92,3 +93,31 @@ def test_an_sdpa_model_shares_and_the_check_leaves_it_in_training_mode():
     model = tiny_llama().train()
     assert _prefix_sharing("auto", model) is True and model.training
     assert _prefix_sharing("false", model) is False
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_every_supported_decoder_shares_and_scores_each_pair_as_the_padded_layout(family):
+    """The check passes for each decoder family tests/backbones.py builds (so they get the shorter rows),
+    and on four pairs, beyond the check's one, the shared layout's log-probs are the padded layout's."""
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_decoder_config(family, 64, 2), attn_implementation="sdpa")
+    model.eval()  # GPT-2's dropout would draw other masks for the two layouts (DPO turns it off anyway)
+    assert shares_prefixes(model)
+    padded = scored(model, PairCollator(0, None, None), PAIRS)
+    shared = scored(model, SharedPrefixCollator(0, None), PAIRS)
+    torch.testing.assert_close(shared[0], padded[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared[2], padded[2], rtol=1e-4, atol=1e-6)
+
+
+def test_disable_dropout_turns_off_every_dropout_module_and_the_attentions_own_rate():
+    """GPT-2's dropout modules (embeddings, attention, residuals) and a Llama attention's rate, which it
+    reads from an attribute at each forward: all 0, so training forwards are deterministic."""
+    torch.manual_seed(0)
+    gpt2 = AutoModelForCausalLM.from_config(_decoder_config("gpt2", 64, 2)).train()
+    assert _without_dropout(gpt2) > 0
+    assert all(m.p == 0 for m in gpt2.modules() if isinstance(m, torch.nn.Dropout))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.testing.assert_close(gpt2(ids).logits, gpt2(ids).logits, rtol=0, atol=0)
+    llama = tiny_llama(attention_dropout=0.1).train()
+    assert _without_dropout(llama) == 2  # one attention a layer
+    assert all(layer.self_attn.attention_dropout == 0 for layer in llama.model.layers)

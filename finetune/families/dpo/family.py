@@ -103,6 +103,8 @@ class DPO:
         self.lm.chunk_tokens = None
         speed["chunked_loss"], speed["chunked_loss_tokens"] = "false", None
         self.head_at_targets = self.lm.head_at_targets
+        if args.disable_dropout:
+            backbone["dropout"] = f"off ({_without_dropout(model)} modules; --disable_dropout)"
         self.prefix_sharing = _prefix_sharing(args.prefix_sharing, model)
         speed["prefix_sharing"] = str(self.prefix_sharing).lower()
         self.reference = Reference(args, model, loading)
@@ -315,6 +317,18 @@ class DPO:
     def finish(self, run) -> dict:
         """Nothing: the export is the trained policy."""
         return {}
+
+
+def _without_dropout(model) -> int:
+    """Every dropout of `model` set to 0 (TRL's disable_dropout_in_model, and the attention's own rate,
+    which Llama-style layers read from an attribute, not a module): how many modules changed."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p:
+            module.p, changed = 0.0, changed + 1
+        if isinstance(getattr(module, "attention_dropout", None), float) and module.attention_dropout:
+            module.attention_dropout, changed = 0.0, changed + 1
+    return changed
 
 
 def _prefix_sharing(requested: str, model) -> bool:

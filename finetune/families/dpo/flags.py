@@ -24,6 +24,7 @@ OWNED = {
         "precomputes a preference loss's reference log-probs",
         left_out=f"{SPEED} (the same reference's log-probs, computed once)",
     ),
+    "disable_dropout": Owned((NAME,), "chooses whether a preference policy keeps its dropout", before=False),
     "prefix_sharing": Owned(
         (NAME,),
         "lays out a preference pair's shared tokens once",
@@ -57,6 +58,10 @@ class PreferenceArgs:
     """dpo: compute the reference's log-probs of every training and validation pair once, before
     training, instead of a reference forward per micro-batch (evaluation uses them too)."""
 
+    disable_dropout: bool = True
+    """dpo: turn off every dropout of the policy (the model's modules, its attention's, LoRA's), as TRL's
+    DPOConfig does by default: the reference scores without dropout, so a policy with it would compare
+    noisy log-probs against clean ones. --disable_dropout false keeps the model's and --lora_dropout."""
     prefix_sharing: PrefixSharing = "auto"
     """dpo: run the tokens a pair's chosen and rejected sequences share (the prompt) once, one row a
     pair with a 4-D attention mask, instead of padding both to one width: the same log-probs from fewer
