@@ -6,6 +6,7 @@ is the model with its adapters disabled; a resumed run logs what an unbroken one
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import shutil
@@ -348,3 +349,30 @@ def test_a_policy_equal_to_its_reference_scores_zero_rewards_under_autocast(pref
     reset_accelerate()
     assert results["eval_rewards/margins"] == 0.0 and results["eval_rewards/chosen"] == 0.0
     assert results["eval_loss"] == pytest.approx(0.6931471805599453, abs=1e-6)  # log 2, in fp32
+
+
+def test_evaluations_after_the_first_run_the_policy_alone_and_score_as_a_fresh_reference_pass(
+    prefs, tmp_path
+):
+    """Three evaluations (eval every step, batches of 2 over 5 validation pairs: 3 batches): the frozen
+    copy runs once per training micro-batch and once per evaluation batch of the first evaluation only;
+    an evaluation read from the kept log-probs equals one that computes the reference again."""
+    config = parse_config(dpo_args(prefs, tmp_path / "run", "--per_device_train_batch_size", "4",
+                                   "--per_device_eval_batch_size", "2", "--max_train_steps", "3",
+                                   "--eval_strategy", "steps", "--eval_steps", "1", "--learning_rate", "1e-3",
+                                   "--ref_model_name_or_path", str(prefs["reference"])))  # fmt: skip
+    run = setup(config)
+    try:
+        calls = []
+        run.family.reference.model.register_forward_pre_hook(lambda *_: calls.append(1))
+        train(run, StopSignals())
+        assert len(read_jsonl(tmp_path / "run" / "metrics.jsonl")) >= 3
+        assert len(calls) == 3 + 3  # 3 micro-batches, then the first evaluation's 3 batches
+        evaluate = functools.partial(run.family._evaluate, accelerator=run.accelerator)
+        kept = evaluate(run.model, run.eval_loaders)
+        assert len(calls) == 6
+        run.family.reference.evaluated.clear()
+        assert evaluate(run.model, run.eval_loaders) == kept and len(calls) == 9
+    finally:
+        close(run)
+        reset_accelerate()

@@ -225,7 +225,9 @@ class DPO:
         if precomputed:
             ref_chosen, ref_rejected = precomputed
         else:
-            found = self.reference.logps(accelerator, model, batch, targets, self.head_at_targets)
+            found = self.reference.scored(
+                accelerator, model, batch, targets, self.head_at_targets, split, rows
+            )
             if found is not None:
                 ref = as_loss_reads(*found, loss_type)
                 ref_chosen, ref_rejected = ref[:pairs], ref[pairs:]

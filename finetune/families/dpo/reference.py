@@ -7,6 +7,7 @@ import contextlib
 import copy
 
 import torch
+from accelerate.utils import DistributedType
 from transformers import AutoModelForCausalLM
 
 from finetune.distributed.fsdp import shard_frozen
@@ -24,6 +25,8 @@ class Reference:
     def __init__(self, args, model, loading: dict):
         self.model = None
         """The frozen copy (kind copy), placed and cast by `prepare` as the policy is."""
+        self.evaluated: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        """`scored`'s: (split, autocast, the pairs' rows) -> their log-probs and counts."""
         if args.loss_type == "simpo":
             self.kind = "none"
         elif args.use_peft:
@@ -35,6 +38,20 @@ class Reference:
             )
             self.model.eval()
             self.model.requires_grad_(False)  # never in the optimizer, never updated
+
+    def scored(self, accelerator, policy, batch: dict, targets: Targets, head_at_targets: bool, split: str,
+               rows: torch.Tensor):  # fmt: skip
+        """`logps`, or for an evaluated split what an earlier evaluation of the same pairs computed: the
+        reference never changes and an evaluation's batches are the same each time, so each evaluation
+        after the first runs the policy alone. Kept per autocast (the exported model's evaluation runs
+        without); under FSDP always computed, the sharded forward being a collective of every rank."""
+        if split == "train" or self.kind == "none" or accelerator.distributed_type == DistributedType.FSDP:
+            return self.logps(accelerator, policy, batch, targets, head_at_targets)
+        autocast = autocasts_now(accelerator.unwrap_model(policy, keep_torch_compile=False))
+        key = (split, autocast, tuple(rows.tolist()))  # evaluation only: its batches are read on the host
+        if key not in self.evaluated:
+            self.evaluated[key] = self.logps(accelerator, policy, batch, targets, head_at_targets)
+        return self.evaluated[key]
 
     def describe(self, args) -> str:
         """The backbone record's line."""
