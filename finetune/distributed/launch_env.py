@@ -80,4 +80,6 @@ def simple_launch_asks(argv: list[str]) -> int | None:
     sagemaker = defaults is not None and defaults.compute_environment == ComputeEnvironment.AMAZON_SAGEMAKER
     if (any(others) and not launch.cpu) or sagemaker:
         return None
-    return launch.num_processes
+    # The simple launcher starts one process whatever the count: an unset count on a machine without
+    # GPUs reads as 0 before accelerate 1.16 (the GPUs counted) and as 1 from it; both mean one.
+    return max(launch.num_processes, 1)

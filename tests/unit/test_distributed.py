@@ -41,7 +41,7 @@ def write_config(tmp_path, distributed_type: str, processes: int) -> str:
     [
         (["--num_processes", "2"], 2),  # accelerate's simple launcher: one process, whatever the count
         (["--num_processes=3", "--cpu"], 3),
-        ([], 0),  # no count: accelerate counts the GPUs (none), and starts one process
+        ([], 1),  # no count: accelerate counts the GPUs (none), and starts one process
         (["--multi_gpu", "--num_processes", "2"], None),  # torchrun's launcher: WORLD_SIZE tells
     ],
 )
