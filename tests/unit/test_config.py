@@ -456,7 +456,8 @@ ASKING = {
     "generation_max_new_tokens": ["8"], "padding_free": ["varlen"], "dropout_kernel": ["packed"],
     "cuda_graphs": ["true"], "chunked_loss": ["true"], "chunked_loss_tokens": ["64"],
     "beta": ["0.2"], "loss_type": ["ipo"], "simpo_gamma": ["1.0"], "rpo_alpha": ["0.5"],
-    "ref_model_name_or_path": ["ref"], "precompute_ref_log_probs": [], "prefix_sharing": ["true"], "disable_dropout": ["false"],
+    "ref_model_name_or_path": ["ref"], "precompute_ref_log_probs": [], "prefix_sharing": ["true"],
+    "disable_dropout": ["false"],
     "doc_stride": ["16"],
     "window_loss_weighting": ["document"],
 }  # fmt: skip
