@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_sft import ASKS, SUBJECTS, _cpu, plain_model
-from benchmarks.processes import emit, lora_config, peak_rss_mib, run_one, trl_python
+from benchmarks.processes import LOCAL_PATHS, emit, lora_config, peak_rss_mib, run_one, trl_python
 from finetune.demo_dpo import preference_pairs
 
 RUNS = ("toolkit", "trl", "trl_no_gc", "toolkit_lora", "trl_lora", "trl_lora_no_gc")
@@ -258,7 +258,7 @@ def main() -> None:
         "cpu": _cpu(),
         "cores": os.cpu_count(),
         "tokens_per_pair": tokens_per_pair,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "model", "data", "output")},
+        "settings": {k: v for k, v in vars(args).items() if k not in LOCAL_PATHS},
     }
     Path(args.output).write_text(
         json.dumps({"environment": environment, "runs": measured, "median": summary}, indent=2)

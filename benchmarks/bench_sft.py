@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.processes import emit, peak_rss_mib, run_one
+from benchmarks.processes import LOCAL_PATHS, emit, peak_rss_mib, run_one
 
 SUBJECTS = [
     "the river",
@@ -220,7 +220,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "cpu": _cpu(),
         "cores": os.cpu_count(),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("worker", "model", "data", "output")},
+        "settings": {k: v for k, v in vars(args).items() if k not in LOCAL_PATHS},
     }
     Path(args.output).write_text(
         json.dumps({"environment": environment, "runs": measured, "median": summary}, indent=2)

@@ -67,6 +67,10 @@ def run_one(label: str, command: list[str]) -> dict:
     return {**done.figures[0], "process_seconds": done.seconds}
 
 
+LOCAL_PATHS = ("worker", "model", "data", "output", "trl_python")
+"""Settings that are this machine's paths: left out of a benchmark's recorded environment."""
+
+
 def trl_python(path: str, make_target: str) -> str:
     """--trl_python as a runnable path, or exit saying which make target builds TRL's virtualenv. Absolute,
     not resolved: a virtualenv's python is a link that must stay in its folder."""
