@@ -20,8 +20,9 @@ import numpy as np
 import torch
 
 from finetune.data.batching import bucket
-from finetune.families.causal_lm.batches import POSITIONS, CausalLmCollator
+from finetune.families.causal_lm.batches import POSITIONS, CausalLmCollator, targets_at
 from finetune.families.causal_lm.conversations import IGNORE
+from finetune.families.dpo.pairs import common_length
 
 REFERENCE_COLUMNS = ("ref_chosen_logps", "ref_rejected_logps")
 """--precompute_ref_log_probs: each pair's reference log-probs, columns of the encoded rows."""
@@ -69,7 +70,7 @@ class PairCollator:
         ]
         batch = self.sequences(sides)
         labels, positions = batch.pop("labels"), batch[POSITIONS]
-        batch["target_ids"] = labels.reshape(-1).index_select(0, positions)
+        batch["target_ids"] = targets_at(labels, positions)
         batch["target_sequences"] = torch.div(positions, labels.shape[1], rounding_mode="floor")
         batch["target_counts"] = (labels != IGNORE).sum(dim=1)
         batch["real_tokens"] = batch["attention_mask"].sum()
@@ -126,11 +127,7 @@ class SharedPrefixCollator:
 
 def _shared_layout(chosen: list[int], rejected: list[int]) -> tuple[list[int], list[int], int, int]:
     """(the row's token ids, their positions, how many tokens both share, where chosen's tail ends)."""
-    shared = 0
-    for a, b in zip(chosen, rejected, strict=False):
-        if a != b:
-            break
-        shared += 1
+    shared = common_length(chosen, rejected)
     ids = list(chosen) + list(rejected[shared:])
     positions = list(range(len(chosen))) + list(range(shared, len(rejected)))
     return ids, positions, shared, len(chosen)

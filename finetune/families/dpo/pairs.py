@@ -62,7 +62,7 @@ def encode_pair(prompt, chosen, rejected, tools, tokenizer, *, max_length: int, 
             )
         sides.append(examples[0])
     first_targets = [_first_target(side.labels) for side in sides]
-    shared = _common_length(sides[0].input_ids, sides[1].input_ids)
+    shared = common_length(sides[0].input_ids, sides[1].input_ids)
     prompt_length = min(*first_targets, shared)
     completions = [len(side.input_ids) - prompt_length for side in sides]
     kept_prompt, kept_completion = truncation(prompt_length, max(completions), max_length)
@@ -90,7 +90,8 @@ def _first_target(labels: list[int]) -> int:
     return next((i for i, label in enumerate(labels) if label != IGNORE), len(labels))
 
 
-def _common_length(first: list[int], second: list[int]) -> int:
+def common_length(first: list[int], second: list[int]) -> int:
+    """How many first tokens two sequences share."""
     shared = 0
     while shared < min(len(first), len(second)) and first[shared] == second[shared]:
         shared += 1
